@@ -1,0 +1,1 @@
+"""Config files, resolvable by Hydra as pkg://configs."""

@@ -1,0 +1,54 @@
+"""Packaging for vissl. Tool settings live in pyproject.toml."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+VERSION = re.search(
+    r'__version__ = "([^"]+)"', (ROOT / "vissl" / "__init__.py").read_text()
+).group(1)
+
+setup(
+    name="vissl",
+    version=VERSION,
+    description="VISSL, rebuilt on today's PyTorch: self-supervised vision training "
+    "with config-selected train steps and hooks.",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(exclude=("tests", "tests.*", "benchmarks", "benchmarks.*")),
+    package_data={"vissl": ["config/*.yaml", "py.typed"], "configs": ["**/*.yaml"]},
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.4",
+        "torchvision>=0.19",
+        "hydra-core>=1.3,<1.4",
+        "omegaconf>=2.3,<2.4",
+        "fvcore>=0.1.5",
+        "iopath>=0.1.9",
+        "numpy>=1.24",
+        "pillow>=9.0",
+        "pyyaml>=6.0",
+        "scikit-learn>=1.2",
+        "submitit>=1.4",
+        "tensorboard>=2.10",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "dev": [
+            "pytest>=7.4",
+            "pytest-timeout>=2.1",
+            "ruff>=0.5",
+            "mypy>=1.8",
+        ],
+    },
+    entry_points={"console_scripts": []},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: MIT License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

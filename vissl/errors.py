@@ -1,0 +1,38 @@
+"""Typed errors raised for user mistakes.
+
+Every error says what was wrong, where (a config key path or registry name) and how to
+fix it. They subclass the builtin exception a caller would naturally catch, so
+``except KeyError`` / ``except ValueError`` keep working.
+"""
+
+from __future__ import annotations
+
+
+class VisslError(Exception):
+    """Base class of every error vissl raises for a user mistake."""
+
+
+class ConfigError(VisslError, ValueError):
+    """A config value or key is invalid. The message names the full key path."""
+
+    def __init__(self, message: str, key_path: str | None = None) -> None:
+        self.key_path = key_path
+        super().__init__(message)
+
+
+class UnknownKeyError(ConfigError, KeyError):
+    """A config key that neither vissl nor VISSL knows."""
+
+    def __str__(self) -> str:  # KeyError would quote the message otherwise
+        return str(self.args[0])
+
+
+class UnknownNameError(VisslError, KeyError):
+    """A name looked up in a registry that holds no such entry."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DuplicateNameError(VisslError, ValueError):
+    """A second registration under a name that is already taken."""
