@@ -21,7 +21,12 @@ def register_loss(name: str) -> Any:
 
 
 def get_loss(name: str) -> Any:
+    """The loss class registered as ``name`` (or the torch.nn loss of that name)."""
     return LOSS_REGISTRY.get(name)
 
 
 import_submodules(__name__)
+
+from vissl.losses.build import build_loss  # noqa: E402
+
+__all__ = ["LOSS_REGISTRY", "build_loss", "get_loss", "register_loss"]

@@ -16,7 +16,12 @@ def register_meter(name: str) -> Any:
 
 
 def get_meter(name: str) -> Any:
+    """The meter class registered as ``name``."""
     return METER_REGISTRY.get(name)
 
 
 import_submodules(__name__)
+
+from vissl.meters.build import build_meters  # noqa: E402
+
+__all__ = ["METER_REGISTRY", "build_meters", "get_meter", "register_meter"]

@@ -1,17 +1,50 @@
 """Transforms: ``@register_transform(name)``; every torchvision transform works by name too.
 
-Selected by ``DATA.<split>.TRANSFORMS: [{name: ..., indices: [...], <kwargs>}]``.
+Selected by ``DATA.<split>.TRANSFORMS: [{name: ..., indices: [...], <kwargs>}]``. Each
+entry is built as ``cls(**kwargs)`` and wrapped in :class:`SSLTransformsWrapper`, which
+applies it to the entries of ``sample["data"]`` listed in ``indices`` (all if omitted).
+A name that is not registered is looked up in ``torchvision.transforms`` (also in
+title case, so ``random_horizontal_flip`` finds ``RandomHorizontalFlip``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vissl.utils.imports import import_submodules
 from vissl.utils.registry import Registry
 
-TRANSFORM_REGISTRY: Registry[Any] = Registry(
+
+class _TransformRegistry(Registry[Any]):
+    """A registry whose unknown-name error also points at torchvision."""
+
+    def unknown_message(self, name: object) -> str:
+        return (
+            super().unknown_message(name)
+            + " Any class of torchvision.transforms (e.g. 'RandomResizedCrop') is "
+            "accepted by name as well."
+        )
+
+
+TRANSFORM_REGISTRY: Registry[Any] = _TransformRegistry(
     "transform", config_key="config.DATA.<split>.TRANSFORMS[].name"
 )
+
+
+def _torchvision_transform(name: str) -> Any:
+    """``torchvision.transforms.<name>`` (or its title-cased form), if it is a class."""
+    import torchvision.transforms as tv_transforms
+
+    if not name or name.startswith("_"):
+        return None
+    for candidate in (name, name.title().replace("_", "")):
+        obj = getattr(tv_transforms, candidate, None)
+        if isinstance(obj, type) and obj.__module__.startswith("torchvision."):
+            return obj
+    return None
+
+
+TRANSFORM_REGISTRY.add_fallback(_torchvision_transform)
 
 
 def register_transform(name: str) -> Any:
@@ -20,4 +53,27 @@ def register_transform(name: str) -> Any:
 
 
 def get_transform(name: str) -> Any:
+    """The transform class registered as ``name``, or the torchvision one.
+
+    Raises:
+        UnknownNameError: if neither vissl nor torchvision has it.
+    """
     return TRANSFORM_REGISTRY.get(name)
+
+
+import_submodules(__name__)
+
+from vissl.data.ssl_transforms.ssl_transforms_wrapper import (  # noqa: E402
+    SSLTransformsCompose,
+    SSLTransformsWrapper,
+    build_transforms,
+)
+
+__all__ = [
+    "TRANSFORM_REGISTRY",
+    "SSLTransformsCompose",
+    "SSLTransformsWrapper",
+    "build_transforms",
+    "get_transform",
+    "register_transform",
+]

@@ -21,7 +21,23 @@ def register_param_scheduler(name: str) -> Any:
 
 
 def get_param_scheduler(name: str) -> Any:
+    """The builder registered as ``name``."""
     return PARAM_SCHEDULER_REGISTRY.get(name)
 
 
 import_submodules(__name__)
+
+from vissl.optimizers.param_scheduler.scheduler_set import (  # noqa: E402
+    ParamSchedulerSet,
+    build_param_schedulers,
+)
+from vissl.optimizers.param_scheduler.schedulers import build_param_scheduler  # noqa: E402
+
+__all__ = [
+    "PARAM_SCHEDULER_REGISTRY",
+    "ParamSchedulerSet",
+    "build_param_scheduler",
+    "build_param_schedulers",
+    "get_param_scheduler",
+    "register_param_scheduler",
+]

@@ -1,0 +1,125 @@
+"""Heads: mlp, eval_mlp, identity; argument errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+from omegaconf import OmegaConf
+
+import vissl
+from vissl.config.attr_dict import AttrDict
+from vissl.errors import ConfigError, UnknownNameError
+from vissl.models import build_model
+from vissl.models.heads import MODEL_HEADS_REGISTRY, get_model_head
+
+torch.set_num_threads(2)
+
+_DEFAULTS = Path(vissl.__file__).parent / "config" / "defaults.yaml"
+_MODEL_DEFAULTS: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(_DEFAULTS).config.MODEL)  # type: ignore[assignment]
+
+
+def model_config(head_params: list[Any] | None = None) -> AttrDict:
+    cfg = AttrDict(copy.deepcopy(_MODEL_DEFAULTS))
+    cfg.TRUNK.RESNETS.DEPTH = 18
+    cfg.TRUNK.RESNETS.WIDTH_MULTIPLIER = 0.25
+    if head_params is not None:
+        cfg.HEAD.PARAMS = head_params
+    return cfg
+
+
+def mlp(**kwargs: Any) -> nn.Module:
+    return get_model_head("mlp")(model_config(), **kwargs)
+
+
+def layer_types(head: nn.Module) -> list[type[nn.Module]]:
+    return [type(m) for m in head.clf]
+
+
+def test_registered_heads() -> None:
+    assert {"mlp", "identity", "eval_mlp"} <= set(MODEL_HEADS_REGISTRY.names())
+
+
+def test_mlp_layers() -> None:
+    assert layer_types(mlp(dims=[8, 4])) == [nn.Linear]
+    head = mlp(dims=[8, 16, 4], use_bn=True, use_relu=True, use_dropout=True)
+    assert layer_types(head) == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Dropout, nn.Linear]
+    head = mlp(dims=[8, 16, 4], use_relu=True, skip_last_layer_relu_bn=False)
+    assert layer_types(head) == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU]
+    assert mlp(dims=[8, 4], use_bias=False).clf[0].bias is None
+
+
+def test_mlp_batchnorm_settings_from_config() -> None:
+    cfg = model_config()
+    cfg.HEAD.BATCHNORM_EPS = 1e-3
+    cfg.HEAD.BATCHNORM_MOMENTUM = 0.01
+    head = get_model_head("mlp")(cfg, dims=[8, 16, 4], use_bn=True)
+    assert head.clf[1].eps == 1e-3 and head.clf[1].momentum == 0.01
+
+
+def test_mlp_inputs() -> None:
+    head = mlp(dims=[8, 4])
+    feat = torch.randn(2, 8)
+    out = head(feat)
+    assert out.shape == (2, 4)
+    assert torch.equal(head(feat[:, :, None, None]), out)
+    assert torch.equal(head([feat]), out)
+
+
+def test_mlp_params_multiplier() -> None:
+    cfg = model_config()
+    cfg.HEAD.PARAMS_MULTIPLIER = 0.5
+    torch.manual_seed(0)
+    ref = get_model_head("mlp")(model_config(), dims=[8, 4])
+    torch.manual_seed(0)
+    scaled = get_model_head("mlp")(cfg, dims=[8, 4])
+    assert torch.allclose(scaled.clf[0].weight, ref.clf[0].weight * 0.5)
+    assert torch.allclose(scaled.clf[0].bias, ref.clf[0].bias * 0.5)
+
+
+def test_mlp_bad_dims() -> None:
+    for dims in ([8], "8,4", [8, -1], None):
+        with pytest.raises(ConfigError) as e:
+            mlp(dims=dims)
+        assert e.value.key_path == "config.MODEL.HEAD.PARAMS"
+
+
+def test_eval_mlp() -> None:
+    head = get_model_head("eval_mlp")(model_config(), in_channels=8, dims=[8, 3])
+    assert isinstance(head.channel_bn, nn.BatchNorm2d)
+    assert head(torch.randn(2, 8, 1, 1)).shape == (2, 3)
+    assert head(torch.randn(2, 8)).shape == (2, 3)
+    head = get_model_head("eval_mlp")(model_config(), in_channels=2, dims=[8, 3])
+    assert head(torch.randn(2, 2, 2, 2)).shape == (2, 3)
+
+
+def test_identity_head() -> None:
+    head = get_model_head("identity")(model_config())
+    feat = torch.randn(2, 8)
+    assert head(feat) is feat
+
+
+def test_unknown_head_kwarg_is_config_error() -> None:
+    cfg = model_config([["mlp", {"dims": [128, 8], "use_batchnorm": True}]])
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg, AttrDict())
+    msg = str(e.value)
+    assert e.value.key_path == "config.MODEL.HEAD.PARAMS"
+    assert "config.MODEL.HEAD.PARAMS" in msg and "use_batchnorm" in msg and "use_bn" in msg
+
+
+def test_missing_head_kwarg_is_config_error() -> None:
+    with pytest.raises(ConfigError) as e:
+        build_model(model_config([["mlp", {}]]), AttrDict())
+    assert "dims" in str(e.value)
+
+
+def test_unknown_head_name() -> None:
+    with pytest.raises(UnknownNameError) as e:
+        build_model(model_config([["mpl", {"dims": [128, 8]}]]), AttrDict())
+    msg = str(e.value)
+    assert "model head" in msg and "Did you mean 'mlp'" in msg and "'identity'" in msg

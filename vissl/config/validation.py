@@ -1,0 +1,462 @@
+"""Validation of the composed config, run once before anything is built.
+
+- An unknown key (from YAML or a ``+`` override) stops the run with its full key path and
+  the closest valid key.
+- A key VISSL knows that vissl does not implement yet gives a warning naming it.
+- Legacy VISSL layouts (``MODEL.TRUNK.TRUNK_PARAMS``, top-level ``MONITOR_PERF_STATS``)
+  are moved to their current keys, with a warning.
+- Wrong types and impossible values stop the run with the key path.
+
+Plugins may declare config keys of their own with :func:`register_config_defaults`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vissl.errors import ConfigError, UnknownKeyError
+
+logger = logging.getLogger(__name__)
+
+DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
+
+
+class UnsupportedConfigWarning(UserWarning):
+    """A config key VISSL knows but vissl does not implement yet."""
+
+
+# Subtrees whose content is free-form (validated by the component that reads them).
+OPEN_SUBTREES = {
+    "OPTIMIZER.param_schedulers",
+    "MODEL.TRUNK.REGNET",
+    "MODEL.AMP_PARAMS.AMP_ARGS",
+    "SLURM.ADDITIONAL_PARAMETERS",
+    "DATA.TRAIN.COLLATE_FUNCTION_PARAMS",
+    "DATA.TEST.COLLATE_FUNCTION_PARAMS",
+}
+
+# Keys whose values may take several types.
+POLYMORPHIC = {
+    "MODEL.GRAD_CLIP.NORM_TYPE": (int, float, str),
+    "MODEL.GRAD_CLIP.MAX_NORM": (int, float),
+    "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER": (int, float),
+    "DISTRIBUTED.NCCL_SOCKET_NTHREADS": (int, str),
+    "DISTRIBUTED.RUN_ID": (str, int),
+    "LOSS.cross_entropy_multiple_output_single_target.weight": (list, type(None)),
+    "SLURM.TIME_HOURS": (int, float),
+    "SLURM.MEM_GB": (int, float),
+    "OPTIMIZER.momentum": (int, float),
+    "OPTIMIZER.weight_decay": (int, float),
+}
+
+# Keys of sections VISSL has and vissl does not implement yet (any key below them).
+VISSL_UNSUPPORTED_PREFIXES = (
+    "MONITORING",
+    "PROFILING",
+    "CLUSTERFIT",
+    "SVM",
+    "IMG_RETRIEVAL",
+    "NEAREST_NEIGHBOR",
+    "LOW_SHOT_BENCHMARK",
+    "GEO_LOCALIZATION",
+    "RANKING",
+    "DISTILLATION",
+    "HOOKS.EMA_MODEL",
+    "MODEL.SHARDED_DDP_SETUP",
+    "MODEL.FSDP_CONFIG",
+    "MODEL.MODEL_COMPLEXITY",
+    "MODEL.TRUNK.EFFICIENT_NETS",
+    "MODEL.TRUNK.VISION_TRANSFORMERS",
+    "MODEL.TRUNK.CONVIT",
+    "MODEL.TRUNK.XCIT",
+    "MODEL.TRUNK.SWIN_TRANSFORMER",
+    "MODEL.TRUNK.BEIT",
+    "MODEL.TRUNK.CONVNEXT",
+    "MODEL.TRUNK.MOBILE_NET",
+    "MODEL.TRUNK.RESNETS_SK",
+    "MODEL.TRUNK.VISION_TRANSFORMERS",
+    "OPTIMIZER.use_zero",
+    "OPTIMIZER.param_group_constructor",
+    "OPTIMIZER.layer_wise_lr_decay",
+    "EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME",
+    "DATA.TRAIN.STRATIFIED_SAMPLER",
+    "DATA.TEST.STRATIFIED_SAMPLER",
+    "DATA.TRAIN.POWER_LAW_SAMPLER",
+    "DATA.TEST.POWER_LAW_SAMPLER",
+    "DATA.TRAIN.TRANSFORMS_AUGLY",
+    "METERS.mean_ap_list_meter",
+    "METERS.mean_ap_meter",
+    "METERS.model_output_mask",
+    "LOSS.bce_logits_multiple_output_single_target",
+    "LOSS.nce_loss_with_memory",
+    "LOSS.multicrop_simclr_info_nce_loss",
+    "LOSS.swav_loss",
+    "LOSS.swav_momentum_loss",
+    "LOSS.dino_loss",
+    "LOSS.deepclusterv2_loss",
+    "LOSS.moco_loss",
+    "LOSS.barlow_twins_loss",
+    "LOSS.ibot_loss",
+    "LOSS.msn_loss",
+    "LOSS.distillation_loss",
+    "LOSS.swav_distillation_loss",
+    "LOSS.dino_distillation_loss",
+    "LOSS.msn_distillation_loss",
+    "LOSS.ibot_distillation_loss",
+)
+
+# Keys in defaults.yaml that are accepted but not implemented: setting them to anything
+# but the inert value warns.
+NOT_IMPLEMENTED: dict[str, Any] = {
+    **{
+        f"DATA.{split}.{key}": value
+        for split in ("TRAIN", "TEST")
+        for key, value in {
+            "COPY_TO_LOCAL_DISK": False,
+            "ENABLE_QUEUE_DATASET": False,
+            "USE_DEBUGGING_SAMPLER": False,
+            "USE_STATEFUL_DISTRIBUTED_SAMPLER": False,
+            "BASE_DATASET": "generic_ssl",
+        }.items()
+    },
+    "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING": False,
+    "MODEL.SINGLE_PASS_EVERY_CROP": False,
+    "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP": [],
+    "MODEL.MULTI_INPUT_HEAD_MAPPING": [],
+    "MODEL.INPUT_TYPE": "rgb",
+    "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP": [],
+    "MODEL.WEIGHTS_INIT.PARAMS_FILE": "",
+    "MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS": False,
+    "HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION": False,
+    "HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY": False,
+    "SLURM.USE_SLURM": False,
+    "CHECKPOINT.BACKEND": "disk",
+    "CHECKPOINT.APPEND_DISTR_RUN_ID": False,
+}
+
+_EXTRA_DEFAULTS: dict[str, Any] = {}
+
+
+def register_config_defaults(key_path: str, default: Any) -> None:
+    """Declare a config key (or subtree) of your own plugin, e.g. from a module in IMPORTS.
+
+    Example: ``register_config_defaults("LOSS.my_loss", {"temperature": 0.1})`` makes
+    ``config.LOSS.my_loss.temperature`` a valid key with that default.
+    """
+    _EXTRA_DEFAULTS[key_path] = copy.deepcopy(default)
+
+
+@functools.lru_cache(maxsize=1)
+def _load_defaults_file() -> dict[str, Any]:
+    with open(DEFAULTS_PATH, encoding="utf-8") as f:
+        return yaml.safe_load(f)  # type: ignore[no-any-return]
+
+
+def default_tree() -> dict[str, Any]:
+    """The default ``config:`` tree, with plugin-declared defaults merged in."""
+    tree = copy.deepcopy(_load_defaults_file()["config"])
+    for path, value in _EXTRA_DEFAULTS.items():
+        node = tree
+        parts = path.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        if isinstance(node.get(parts[-1]), dict) and isinstance(value, dict):
+            node[parts[-1]] = {**value, **node[parts[-1]]}
+        else:
+            node.setdefault(parts[-1], copy.deepcopy(value))
+    return tree
+
+
+def _leaf_paths(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, Mapping) and path not in OPEN_SUBTREES:
+            yield from _leaf_paths(value, path + ".")
+
+
+def _closest_key(path: str, valid: list[str]) -> str | None:
+    parent, _, leaf = path.rpartition(".")
+    siblings = [v for v in valid if v.rpartition(".")[0] == parent]
+    names = [v.rpartition(".")[2] for v in siblings]
+    lowered = {n.lower(): n for n in names}
+    best = difflib.get_close_matches(leaf.lower(), list(lowered), n=1, cutoff=0.5)
+    if best:
+        return f"{parent}.{lowered[best[0]]}" if parent else lowered[best[0]]
+    match = difflib.get_close_matches(path, valid, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def _is_unsupported_vissl_key(path: str) -> bool:
+    return any(path == p or path.startswith(p + ".") for p in VISSL_UNSUPPORTED_PREFIXES)
+
+
+def _dynamic_section_ok(path: str) -> bool:
+    """``LOSS.<name>`` and ``METERS.<name>`` are valid for registered names (any content)."""
+    parts = path.split(".")
+    if len(parts) < 2:
+        return False
+    if parts[0] == "LOSS":
+        from vissl.losses import LOSS_REGISTRY
+
+        if parts[1] in LOSS_REGISTRY:
+            return True
+        import torch.nn as nn
+
+        obj = getattr(nn, parts[1], None)
+        return isinstance(obj, type) and issubclass(obj, nn.Module)
+    if parts[0] == "METERS":
+        from vissl.meters import METER_REGISTRY
+
+        return parts[1] in METER_REGISTRY
+    return False
+
+
+def _get(tree: Mapping[str, Any], path: str) -> Any:
+    node: Any = tree
+    for p in path.split("."):
+        node = node[p]
+    return node
+
+
+def _has(tree: Mapping[str, Any], path: str) -> bool:
+    node: Any = tree
+    for p in path.split("."):
+        if not isinstance(node, Mapping) or p not in node:
+            return False
+        node = node[p]
+    return True
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, UnsupportedConfigWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------- legacy layouts
+def upgrade_legacy_keys(cfg: dict[str, Any]) -> None:
+    """Move VISSL's older key layouts to the current keys, in place, with a warning."""
+    model = cfg.get("MODEL") or {}
+    trunk = model.get("TRUNK") or {}
+    legacy = trunk.pop("TRUNK_PARAMS", None) if isinstance(trunk, dict) else None
+    if isinstance(legacy, dict):
+        for family, params in legacy.items():
+            _warn(
+                f"config.MODEL.TRUNK.TRUNK_PARAMS.{family} is VISSL's old layout: using it as "
+                f"config.MODEL.TRUNK.{family}. Move the block there to silence this warning."
+            )
+            current = trunk.get(family)
+            if isinstance(current, dict) and isinstance(params, dict):
+                current.update(params)
+            else:
+                trunk[family] = params
+    if "MONITOR_PERF_STATS" in cfg:
+        value = cfg.pop("MONITOR_PERF_STATS")
+        _warn(
+            "config.MONITOR_PERF_STATS is VISSL's old key: using it as "
+            "config.HOOKS.PERF_STATS.MONITOR_PERF_STATS."
+        )
+        cfg.setdefault("HOOKS", {}).setdefault("PERF_STATS", {})["MONITOR_PERF_STATS"] = value
+    if cfg.get("METERS", {}) is None:
+        cfg["METERS"] = copy.deepcopy(default_tree()["METERS"])
+    meters = cfg.get("METERS") or {}
+    if isinstance(meters, dict) and meters.get("name") and not meters.get("names"):
+        meters["names"] = [meters["name"]]
+
+
+# ---------------------------------------------------------------------- keys and types
+def check_keys(cfg: Mapping[str, Any]) -> None:
+    """Raise on unknown keys, warn on VISSL keys that are not implemented."""
+    defaults = default_tree()
+    valid = list(_leaf_paths(defaults))
+    valid_set = set(valid)
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if path not in valid_set:
+                if _is_unsupported_vissl_key(path):
+                    _warn(
+                        f"config.{path} is a VISSL key that vissl does not implement yet; "
+                        "it is ignored."
+                    )
+                    continue
+                if _dynamic_section_ok(path):
+                    continue
+                close = _closest_key(path, valid)
+                hint = f" Did you mean config.{close}?" if close else ""
+                raise UnknownKeyError(
+                    f"Unknown config key config.{path}.{hint} Valid keys are listed in "
+                    "vissl/config/defaults.yaml; plugins can declare their own with "
+                    "vissl.config.register_config_defaults.",
+                    f"config.{path}",
+                )
+            if isinstance(value, Mapping) and path not in OPEN_SUBTREES:
+                default = _get(defaults, path)
+                if isinstance(default, Mapping):
+                    walk(value, path + ".")
+
+    walk(cfg, "")
+
+
+def _type_name(t: type | tuple[type, ...]) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(x.__name__ for x in t)
+    return t.__name__
+
+
+def check_types(cfg: Mapping[str, Any]) -> None:
+    """Raise ConfigError where a value's type differs from its default's."""
+    defaults = default_tree()
+    for path in _leaf_paths(defaults):
+        if not _has(cfg, path):
+            continue
+        default = _get(defaults, path)
+        value = _get(cfg, path)
+        if default is None:
+            continue
+        expected: type | tuple[type, ...]
+        if path in POLYMORPHIC:
+            expected = POLYMORPHIC[path]
+        elif isinstance(default, bool):
+            expected = bool
+        elif isinstance(default, int):
+            expected = int
+        elif isinstance(default, float):
+            expected = (int, float)
+        elif isinstance(default, str):
+            expected = str
+        elif isinstance(default, list):
+            expected = list
+        elif isinstance(default, dict):
+            expected = dict
+        else:
+            continue
+        ok = isinstance(value, expected)
+        if isinstance(value, bool) and expected in (int, (int, float)):
+            ok = False
+        if not ok:
+            raise ConfigError(
+                f"config.{path} must be {_type_name(expected)}, got {type(value).__name__} "
+                f"({value!r}).",
+                f"config.{path}",
+            )
+
+
+# ---------------------------------------------------------------------- values
+_CHOICES = {
+    "MACHINE.DEVICE": ("cpu", "gpu"),
+    "MULTI_PROCESSING_METHOD": ("fork", "forkserver", "spawn"),
+    "DISTRIBUTED.INIT_METHOD": ("tcp", "file", "env"),
+    "DISTRIBUTED.BACKEND": ("nccl", "gloo", "mpi"),
+    "DATA.TRAIN.LABEL_TYPE": ("standard", "sample_index", "zero"),
+    "DATA.TEST.LABEL_TYPE": ("standard", "sample_index", "zero"),
+    "MODEL.AMP_PARAMS.AMP_TYPE": ("pytorch", "apex"),
+    "MODEL.AMP_PARAMS.AMP_DTYPE": ("float16", "bfloat16", "fp16", "bf16"),
+}
+
+_MIN = {
+    "LOG_FREQUENCY": 1,
+    "TEST_EVERY_NUM_EPOCH": 1,
+    "DATA.NUM_DATALOADER_WORKERS": 0,
+    "DATA.TRAIN.BATCHSIZE_PER_REPLICA": 1,
+    "DATA.TEST.BATCHSIZE_PER_REPLICA": 1,
+    "OPTIMIZER.num_epochs": 1,
+    "OPTIMIZER.weight_decay": 0,
+    "OPTIMIZER.momentum": 0,
+    "DISTRIBUTED.NUM_NODES": 1,
+    "DISTRIBUTED.NUM_PROC_PER_NODE": 1,
+    "CHECKPOINT.CHECKPOINT_FREQUENCY": 1,
+    "CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM": 1,
+    "HOOKS.PERF_STATS.PERF_STAT_FREQUENCY": -1,
+}
+
+_DISK_SOURCES = ("disk_folder", "disk_filelist")
+
+
+def check_values(cfg: Mapping[str, Any]) -> None:
+    """Raise ConfigError for impossible values (negative sizes, missing paths, bad choices)."""
+    for path, choices in _CHOICES.items():
+        if _has(cfg, path) and _get(cfg, path) not in choices:
+            raise ConfigError(
+                f"config.{path}={_get(cfg, path)!r} is not one of {list(choices)}.",
+                f"config.{path}",
+            )
+    for path, minimum in _MIN.items():
+        if _has(cfg, path) and _get(cfg, path) < minimum:
+            raise ConfigError(
+                f"config.{path}={_get(cfg, path)!r} must be >= {minimum}.", f"config.{path}"
+            )
+    for split in ("TRAIN", "TEST"):
+        data = cfg["DATA"][split]
+        sources = list(data["DATA_SOURCES"])
+        paths = list(data["DATA_PATHS"])
+        if paths and len(paths) != len(sources):
+            raise ConfigError(
+                f"config.DATA.{split}.DATA_PATHS has {len(paths)} entries but DATA_SOURCES has "
+                f"{len(sources)}: give one path per data source.",
+                f"config.DATA.{split}.DATA_PATHS",
+            )
+        if not _split_used(cfg, split):
+            continue
+        for i, source in enumerate(sources):
+            if source not in _DISK_SOURCES:
+                continue
+            if i >= len(paths) or not paths[i]:
+                raise ConfigError(
+                    f"config.DATA.{split}.DATA_PATHS[{i}] is missing: data source {source!r} "
+                    "needs a path (a folder for disk_folder, a .npy file list for disk_filelist).",
+                    f"config.DATA.{split}.DATA_PATHS",
+                )
+            if not os.path.exists(str(paths[i])):
+                raise ConfigError(
+                    f"config.DATA.{split}.DATA_PATHS[{i}]={paths[i]!r} does not exist.",
+                    f"config.DATA.{split}.DATA_PATHS",
+                )
+        for i, label_path in enumerate(data["LABEL_PATHS"]):
+            if label_path and not os.path.exists(str(label_path)):
+                raise ConfigError(
+                    f"config.DATA.{split}.LABEL_PATHS[{i}]={label_path!r} does not exist.",
+                    f"config.DATA.{split}.LABEL_PATHS",
+                )
+    for i, hook in enumerate(cfg["HOOKS"]["CUSTOM_HOOKS"]):
+        if not isinstance(hook, Mapping) or not isinstance(hook.get("name"), str):
+            raise ConfigError(
+                f"config.HOOKS.CUSTOM_HOOKS[{i}] must be a mapping with a 'name' "
+                f"(e.g. {{name: my_hook, priority: 50}}), got {hook!r}.",
+                f"config.HOOKS.CUSTOM_HOOKS[{i}]",
+            )
+
+
+def _split_used(cfg: Mapping[str, Any], split: str) -> bool:
+    if split == "TRAIN":
+        return not cfg["TEST_ONLY"]
+    return bool(cfg["TEST_MODEL"] or cfg["TEST_ONLY"])
+
+
+def warn_not_implemented(cfg: Mapping[str, Any]) -> None:
+    for path, inert in NOT_IMPLEMENTED.items():
+        if _has(cfg, path) and _get(cfg, path) != inert:
+            _warn(
+                f"config.{path}={_get(cfg, path)!r}: vissl does not implement this VISSL option "
+                f"yet; it runs as if {inert!r}."
+            )
+
+
+def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Upgrade legacy keys, then check keys, types and values. Returns ``cfg``."""
+    upgrade_legacy_keys(cfg)
+    check_keys(cfg)
+    check_types(cfg)
+    check_values(cfg)
+    warn_not_implemented(cfg)
+    return cfg

@@ -1,0 +1,144 @@
+"""``disk_folder`` (class-per-folder images) and ``disk_filelist`` (.npy of paths)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from iopath.common.file_io import g_pathmgr
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from vissl.config.attr_dict import AttrDict
+from vissl.data.data_helper import (
+    get_mean_image,
+    load_array_file,
+    split_cfg_value,
+)
+from vissl.data.data_sources import register_data_source
+from vissl.data.data_sources.base import DataSource
+from vissl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+class DiskImageDataset(DataSource):
+    """Shared image reading: a file that cannot be read gives VISSL's gray image.
+
+    An unreadable image is replaced by a gray ``DEFAULT_GRAY_IMG_SIZE`` image and
+    reported as invalid (``data_valid`` -1 in the sample), with a warning.
+    """
+
+    def _read_image(self, image_path: str) -> tuple[Image.Image, bool]:
+        try:
+            with g_pathmgr.open(image_path, "rb") as f:
+                img = Image.open(f)
+                return img.convert("RGB"), True
+        except Exception as err:  # any unreadable file: corrupt, missing, wrong format
+            logger.warning("Couldn't load image %s (%s); using a gray image.", image_path, err)
+            return get_mean_image(self.gray_img_size), False
+
+
+@register_data_source("disk_folder")
+class DiskFolderDataset(DiskImageDataset):
+    """Images in ``<path>/<class_name>/<image>``, like torchvision's ``ImageFolder``.
+
+    Its own labels (``LABEL_TYPE: standard`` or ``LABEL_SOURCES: [disk_folder]``) are
+    the class indices, classes sorted by folder name.
+    """
+
+    def __init__(
+        self,
+        cfg: AttrDict,
+        path: str,
+        split: str,
+        dataset_name: str,
+        data_source: str = "disk_folder",
+    ) -> None:
+        super().__init__(cfg, path, split, dataset_name, data_source)
+        if not isinstance(path, str) or not path or not g_pathmgr.isdir(path):
+            raise ConfigError(
+                f"{self.key_path}: directory {path!r} for data source {data_source!r} "
+                "does not exist. Give a folder with one sub-folder of images per class.",
+                self.key_path,
+            )
+        try:
+            folder = ImageFolder(g_pathmgr.get_local_path(path))
+        except (FileNotFoundError, RuntimeError) as err:
+            raise ConfigError(
+                f"{self.key_path}: no images found in {path!r}: {err}", self.key_path
+            ) from err
+        self.classes: list[str] = list(folder.classes)
+        self.class_to_idx: dict[str, int] = dict(folder.class_to_idx)
+        self.samples: list[tuple[str, int]] = list(folder.samples)
+        logger.info("Loaded %d images from folder %s", len(self.samples), path)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, idx: int) -> tuple[Image.Image, bool]:
+        return self._read_image(self.samples[idx][0])
+
+    def get_labels(self) -> np.ndarray:
+        return np.asarray([label for _, label in self.samples], dtype=np.int64)
+
+    def get_image_paths(self) -> list[str]:
+        return [p for p, _ in self.samples]
+
+
+@register_data_source("disk_filelist")
+class DiskFilelistDataset(DiskImageDataset):
+    """Images listed in a ``.npy`` file of paths (memory-mapped when ``MMAP_MODE``).
+
+    ``REMOVE_IMG_PATH_PREFIX`` / ``NEW_IMG_PATH_PREFIX`` rewrite the listed paths.
+    Labels come from ``LABEL_SOURCES: [disk_filelist]`` with a ``.npy`` in
+    ``LABEL_PATHS``; the source itself has none.
+    """
+
+    def __init__(
+        self,
+        cfg: AttrDict,
+        path: str,
+        split: str,
+        dataset_name: str,
+        data_source: str = "disk_filelist",
+    ) -> None:
+        super().__init__(cfg, path, split, dataset_name, data_source)
+        self.mmap = bool(split_cfg_value(self.split_cfg, "MMAP_MODE", True))
+        self._remove_prefix = str(split_cfg_value(self.split_cfg, "REMOVE_IMG_PATH_PREFIX", ""))
+        self._new_prefix = str(split_cfg_value(self.split_cfg, "NEW_IMG_PATH_PREFIX", ""))
+        files = load_array_file(path, mmap=self.mmap, key_path=self.key_path)
+        if files.ndim != 1:
+            raise ConfigError(
+                f"{self.key_path}: {path!r} must hold a 1-D list of image paths, "
+                f"got shape {files.shape}.",
+                self.key_path,
+            )
+        self._num_samples = len(files)
+        # Loaded lazily again in each worker, so workers do not pickle the list.
+        self._files: np.ndarray | None = None
+
+    def _image_files(self) -> np.ndarray:
+        if self._files is None:
+            self._files = load_array_file(self.path, mmap=self.mmap, key_path=self.key_path)
+        return self._files
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_files"] = None
+        return state
+
+    def _resolve(self, image_path: str) -> str:
+        if self._remove_prefix and image_path.startswith(self._remove_prefix):
+            return self._new_prefix + image_path[len(self._remove_prefix) :]
+        return image_path
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+    def __getitem__(self, idx: int) -> tuple[Image.Image, bool]:
+        return self._read_image(self._resolve(str(self._image_files()[idx])))
+
+    def get_image_paths(self) -> list[str]:
+        return [self._resolve(str(p)) for p in self._image_files()]

@@ -1,0 +1,378 @@
+"""``GenericSSLDataset``: VISSL's dataset over one or more data sources of a split."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from vissl.config.attr_dict import AttrDict
+from vissl.data.data_helper import (
+    balanced_sub_sampling,
+    load_array_file,
+    split_cfg_value,
+    unbalanced_sub_sampling,
+)
+from vissl.data.data_sources import get_data_source
+from vissl.data.ssl_transforms import build_transforms
+from vissl.errors import ConfigError
+from vissl.utils.distributed import get_world_size
+
+logger = logging.getLogger(__name__)
+
+LABEL_TYPES = ("standard", "sample_index", "zero")
+#: Label used by ``LABEL_TYPE: standard`` for a source that has no labels of its own.
+NO_LABEL = -1
+
+
+def _as_list(value: Any, key_path: str) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ConfigError(f"{key_path} must be a list, got {value!r}.", key_path)
+    return list(value)
+
+
+def _to_label(value: Any) -> Any:
+    """Plain Python ints for integer labels (int32 would not index), else unchanged."""
+    if isinstance(value, np.ndarray):
+        return value.astype(np.int64) if value.dtype.kind in "iu" else value
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _numeric_labels(labels: np.ndarray) -> np.ndarray:
+    """String labels become indices into their sorted unique values (as in VISSL)."""
+    if labels.dtype.kind in "US" or (labels.dtype == object and isinstance(labels[0], str)):
+        names = sorted({str(x) for x in labels})
+        lookup = {name: i for i, name in enumerate(names)}
+        return np.asarray([lookup[str(x)] for x in labels], dtype=np.int64)
+    if labels.dtype.kind in "iu":
+        return np.asarray(labels, dtype=np.int64)
+    return labels
+
+
+class GenericSSLDataset(Dataset[dict[str, Any]]):
+    """VISSL's dataset: one sample per index, one entry per data source.
+
+    ``dataset[idx]`` returns, after ``DATA.<split>.TRANSFORMS``::
+
+        {"data": [image per source], "label": [label per source or label source],
+         "data_valid": [1, or -1 for an unreadable image], "data_idx": [idx, ...]}
+
+    Labels: with ``LABEL_SOURCES`` set, one label per label source (``disk_filelist``
+    reads the ``.npy`` in ``LABEL_PATHS``; a data source name such as ``disk_folder``
+    uses that source's own labels). Otherwise ``LABEL_TYPE`` decides: ``standard``
+    gives each source's own labels (-1 for a source without labels),
+    ``sample_index`` the index ``idx`` and ``zero`` 0.
+
+    ``DATA_LIMIT`` > 0 keeps a deterministic random subset (``DATA_LIMIT_SAMPLING``:
+    ``SEED``, ``IS_BALANCED`` over the first source's labels, ``SKIP_NUM_SAMPLES``).
+
+    Args:
+        cfg: the full config (``cfg.DATA.<split>``).
+        split: ``"TRAIN"`` or ``"TEST"``.
+
+    Raises:
+        ConfigError: invalid data settings; the message names the key path.
+    """
+
+    def __init__(self, cfg: AttrDict, split: str) -> None:
+        super().__init__()
+        if "DATA" not in cfg or split not in cfg["DATA"]:
+            raise ConfigError(
+                f"config.DATA.{split} does not exist; splits are TRAIN and TEST.",
+                f"config.DATA.{split}",
+            )
+        self.cfg = cfg
+        self.split = split
+        self.split_cfg = cfg["DATA"][split]
+        self._key = f"config.DATA.{split}"
+        sc = self.split_cfg
+        self.batchsize_per_replica = int(split_cfg_value(sc, "BATCHSIZE_PER_REPLICA", 1))
+        self.data_sources: list[str] = self._str_list("DATA_SOURCES")
+        self.data_paths: list[Any] = _as_list(
+            split_cfg_value(sc, "DATA_PATHS", []), self._path("DATA_PATHS")
+        )
+        self.dataset_names: list[str] = self._str_list("DATASET_NAMES")
+        self.label_sources: list[str] = self._str_list("LABEL_SOURCES")
+        self.label_paths: list[Any] = _as_list(
+            split_cfg_value(sc, "LABEL_PATHS", []), self._path("LABEL_PATHS")
+        )
+        self.label_type: str = split_cfg_value(sc, "LABEL_TYPE", "standard")
+        self.data_limit = int(split_cfg_value(sc, "DATA_LIMIT", -1))
+        self.data_limit_sampling = split_cfg_value(sc, "DATA_LIMIT_SAMPLING", {}) or {}
+        self._verify()
+        self._warn_unsupported()
+        self.transform = build_transforms(split_cfg_value(sc, "TRANSFORMS", []), split)
+
+        self.data_objs = [
+            get_data_source(source)(
+                cfg=cfg,
+                path=self.data_paths[i] if self.data_paths else "",
+                split=split,
+                dataset_name=self.dataset_names[i],
+                data_source=source,
+            )
+            for i, source in enumerate(self.data_sources)
+        ]
+        sizes = [len(obj) for obj in self.data_objs]
+        if len(set(sizes)) > 1:
+            raise ConfigError(
+                f"{self._path('DATA_SOURCES')}: the data sources {self.data_sources} have "
+                f"different sizes {sizes}; several sources are read index by index, so "
+                "they must be aligned.",
+                self._path("DATA_SOURCES"),
+            )
+        self.label_objs: list[Any] = self._load_labels()
+        self._own_labels: list[np.ndarray | None] = (
+            [obj.get_labels() for obj in self.data_objs]
+            if not self.label_objs and self.label_type == "standard"
+            else []
+        )
+        self.sub_set: np.ndarray | None = self._init_subset()
+        logger.info(
+            "%s: %d samples from %s (label type %s)",
+            self._key,
+            len(self),
+            self.data_sources,
+            "label sources" if self.label_objs else self.label_type,
+        )
+
+    # ------------------------------------------------------------------ validation
+    def _path(self, key: str) -> str:
+        return f"{self._key}.{key}"
+
+    def _str_list(self, key: str) -> list[str]:
+        values = _as_list(split_cfg_value(self.split_cfg, key, []), self._path(key))
+        for value in values:
+            if not isinstance(value, str):
+                raise ConfigError(
+                    f"{self._path(key)} must be a list of strings, got {values!r}.",
+                    self._path(key),
+                )
+        return values
+
+    def _verify(self) -> None:
+        n = len(self.data_sources)
+        if n == 0:
+            raise ConfigError(
+                f"{self._path('DATA_SOURCES')} is empty: list at least one data source, "
+                "e.g. [disk_folder] with DATA_PATHS [/path/to/images], or [digits].",
+                self._path("DATA_SOURCES"),
+            )
+        classes = [get_data_source(s) for s in self.data_sources]  # unknown -> error
+        if self.data_paths and len(self.data_paths) != n:
+            raise ConfigError(
+                f"{self._path('DATA_PATHS')} has {len(self.data_paths)} entries but "
+                f"DATA_SOURCES has {n} ({self.data_sources}); give one path per source.",
+                self._path("DATA_PATHS"),
+            )
+        if not self.data_paths:
+            needy = [
+                s
+                for s, cls in zip(self.data_sources, classes)
+                if getattr(cls, "requires_path", True)
+            ]
+            if needy:
+                raise ConfigError(
+                    f"{self._path('DATA_PATHS')} is empty but the data sources {needy} need "
+                    "a path each (the dataset catalog of DATASET_NAMES is not supported).",
+                    self._path("DATA_PATHS"),
+                )
+        if not self.dataset_names:
+            self.dataset_names = list(self.data_sources)
+        elif len(self.dataset_names) != n:
+            raise ConfigError(
+                f"{self._path('DATASET_NAMES')} has {len(self.dataset_names)} entries but "
+                f"DATA_SOURCES has {n}; give one name per source or none.",
+                self._path("DATASET_NAMES"),
+            )
+        if self.label_type not in LABEL_TYPES:
+            raise ConfigError(
+                f"{self._path('LABEL_TYPE')}={self.label_type!r} is unknown; use one of "
+                f"{list(LABEL_TYPES)}.",
+                self._path("LABEL_TYPE"),
+            )
+        if self.label_paths and len(self.label_paths) != len(self.label_sources):
+            raise ConfigError(
+                f"{self._path('LABEL_PATHS')} has {len(self.label_paths)} entries but "
+                f"LABEL_SOURCES has {len(self.label_sources)}; give one per label source.",
+                self._path("LABEL_PATHS"),
+            )
+        if self.data_limit == 0 or self.data_limit < -1:
+            raise ConfigError(
+                f"{self._path('DATA_LIMIT')}={self.data_limit}: use -1 for all samples or "
+                "a positive number.",
+                self._path("DATA_LIMIT"),
+            )
+
+    def _warn_unsupported(self) -> None:
+        for key in ("ENABLE_QUEUE_DATASET", "COPY_TO_LOCAL_DISK"):
+            if split_cfg_value(self.split_cfg, key, False):
+                logger.warning("%s is not supported by vissl yet; ignoring it.", self._path(key))
+
+    # ------------------------------------------------------------------ labels
+    def _load_labels(self) -> list[Any]:
+        labels: list[Any] = []
+        mmap = bool(split_cfg_value(self.split_cfg, "MMAP_MODE", True))
+        size = len(self.data_objs[0])
+        key = self._path("LABEL_SOURCES")
+        for i, source in enumerate(self.label_sources):
+            if source == "disk_filelist":
+                path_key = f"{self._path('LABEL_PATHS')}[{i}]"
+                if i >= len(self.label_paths):
+                    raise ConfigError(
+                        f"{path_key} is missing: label source disk_filelist needs the "
+                        "path of a .npy file of labels.",
+                        self._path("LABEL_PATHS"),
+                    )
+                paths = self.label_paths[i]
+                if isinstance(paths, list):  # several label files: a list of labels
+                    loaded: Any = [load_array_file(p, mmap=mmap, key_path=path_key) for p in paths]
+                    lengths = [len(a) for a in loaded]
+                else:
+                    loaded = _numeric_labels(load_array_file(paths, mmap=mmap, key_path=path_key))
+                    lengths = [len(loaded)]
+                if any(n != size for n in lengths):
+                    raise ConfigError(
+                        f"{path_key}: {paths!r} has {lengths} labels but the data has "
+                        f"{size} samples.",
+                        self._path("LABEL_PATHS"),
+                    )
+                labels.append(loaded)
+                continue
+            if i >= len(self.data_sources) or self.data_sources[i] != source:
+                raise ConfigError(
+                    f"{key}[{i}]={source!r}: a label source is 'disk_filelist' (with a "
+                    "LABEL_PATHS entry) or the name of the data source at the same index "
+                    f"(DATA_SOURCES={self.data_sources}), whose own labels are used.",
+                    key,
+                )
+            own = self.data_objs[i].get_labels()
+            if own is None:
+                raise ConfigError(
+                    f"{key}[{i}]={source!r}: data source {source!r} has no labels of its "
+                    "own; use disk_filelist with a .npy in LABEL_PATHS.",
+                    key,
+                )
+            labels.append(np.asarray(own, dtype=np.int64))
+        return labels
+
+    # ------------------------------------------------------------------ subset
+    def _init_subset(self) -> np.ndarray | None:
+        if self.data_limit < 0:
+            return None
+        sampling = self.data_limit_sampling
+        seed = int(split_cfg_value(sampling, "SEED", 0))
+        skip = int(split_cfg_value(sampling, "SKIP_NUM_SAMPLES", 0))
+        balanced = bool(split_cfg_value(sampling, "IS_BALANCED", False))
+        total = len(self.data_objs[0])
+        key = self._path("DATA_LIMIT")
+        if skip < 0:
+            raise ConfigError(
+                f"{key}_SAMPLING.SKIP_NUM_SAMPLES={skip} must be >= 0.",
+                f"{key}_SAMPLING.SKIP_NUM_SAMPLES",
+            )
+        if skip + self.data_limit > total:
+            raise ConfigError(
+                f"{key}={self.data_limit} (+ SKIP_NUM_SAMPLES={skip}) is more than the "
+                f"{total} samples of {self.data_sources}.",
+                key,
+            )
+        if not balanced:
+            return unbalanced_sub_sampling(total, self.data_limit, skip, seed)
+        labels = self.label_objs[0] if self.label_objs else self.data_objs[0].get_labels()
+        if labels is None or isinstance(labels, list):
+            raise ConfigError(
+                f"{key}_SAMPLING.IS_BALANCED needs single labels for the first data source; "
+                f"{self.data_sources[0]!r} has none. Set LABEL_SOURCES or IS_BALANCED: False.",
+                f"{key}_SAMPLING.IS_BALANCED",
+            )
+        try:
+            return balanced_sub_sampling(labels, self.data_limit, skip, seed)
+        except ValueError as err:
+            raise ConfigError(f"{key}_SAMPLING.IS_BALANCED: {err}.", key) from err
+
+    # ------------------------------------------------------------------ access
+    def _label_for(self, idx: int, subset_idx: int) -> list[Any]:
+        if self.label_objs:
+            out = []
+            for labels in self.label_objs:
+                if isinstance(labels, list):
+                    out.append([_to_label(entry[subset_idx]) for entry in labels])
+                else:
+                    out.append(_to_label(labels[subset_idx]))
+            return out
+        n = len(self.data_objs)
+        if self.label_type == "sample_index":
+            return [idx] * n
+        if self.label_type == "zero":
+            return [0] * n
+        return [NO_LABEL if own is None else _to_label(own[subset_idx]) for own in self._own_labels]
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        """The transformed sample dict of index ``idx`` (see the class docstring)."""
+        idx = int(idx)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"index {idx} out of range for a dataset of {len(self)} samples")
+        subset_idx = int(self.sub_set[idx]) if self.sub_set is not None else idx
+        item: dict[str, Any] = {"data": [], "data_valid": [], "data_idx": []}
+        for source in self.data_objs:
+            data, valid = source[subset_idx]
+            item["data"].append(data)
+            item["data_valid"].append(1 if valid else -1)
+            item["data_idx"].append(idx)
+        item["label"] = self._label_for(idx, subset_idx)
+        return self.transform(item)
+
+    def __len__(self) -> int:
+        return self.num_samples()
+
+    def num_samples(self, source_idx: int = 0) -> int:
+        """Number of samples (after ``DATA_LIMIT``)."""
+        if self.sub_set is not None:
+            return len(self.sub_set)
+        return len(self.data_objs[source_idx])
+
+    def get_labels(self, source_idx: int = 0) -> np.ndarray | None:
+        """Labels of all samples of this dataset, in index order, or None.
+
+        Uses the first label source (or the source's own labels under ``standard``).
+        """
+        if self.label_objs:
+            labels = self.label_objs[source_idx]
+            if isinstance(labels, list):
+                return None
+        elif self.label_type == "sample_index":
+            return np.arange(len(self), dtype=np.int64)
+        elif self.label_type == "zero":
+            return np.zeros(len(self), dtype=np.int64)
+        else:
+            labels = self._own_labels[source_idx]
+            if labels is None:
+                return None
+        labels = np.asarray(labels)
+        return labels[self.sub_set] if self.sub_set is not None else labels.copy()
+
+    def get_image_paths(self) -> list[list[str]]:
+        """Image paths of every data source (empty lists for in-memory sources)."""
+        return [obj.get_image_paths() for obj in self.data_objs]
+
+    def get_batchsize_per_replica(self) -> int:
+        """``BATCHSIZE_PER_REPLICA`` of this split."""
+        return self.batchsize_per_replica
+
+    def get_global_batchsize(self) -> int:
+        """The batch size summed over all replicas."""
+        return self.batchsize_per_replica * get_world_size()
+
+    def __repr__(self) -> str:
+        return (
+            f"GenericSSLDataset(split={self.split!r}, sources={self.data_sources}, "
+            f"size={len(self)}, transform={self.transform!r})"
+        )

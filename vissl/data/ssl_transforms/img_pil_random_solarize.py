@@ -1,0 +1,34 @@
+"""``ImgPilRandomSolarize``: BYOL's random solarization."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image, ImageOps
+
+from vissl.data.ssl_transforms import register_transform
+
+
+@register_transform("ImgPilRandomSolarize")
+class ImgPilRandomSolarize:
+    """With probability ``p``, solarize with a threshold drawn uniformly from 0..256.
+
+    As in VISSL (https://arxiv.org/abs/2006.07733): pixels at or above the threshold
+    are inverted; a threshold of 256 leaves the image unchanged.
+
+    Args:
+        p: probability of solarizing (VISSL's default 0.66).
+    """
+
+    def __init__(self, p: float = 0.66) -> None:
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be a number in [0, 1], got {p!r}")
+        self.p = float(p)
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        if torch.rand(()).item() >= self.p:
+            return image
+        threshold = int(torch.randint(0, 257, ()).item())
+        return ImageOps.solarize(image, threshold)
+
+    def __repr__(self) -> str:
+        return f"ImgPilRandomSolarize(p={self.p})"

@@ -1,0 +1,75 @@
+"""The ``train`` engine: set up this process, build hooks, run the trainer."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from vissl.engines import Engine, register_engine
+from vissl.trainer.trainer_main import SelfSupervisionTrainer
+from vissl.utils.distributed import get_rank
+from vissl.utils.env import get_device
+from vissl.utils.logger import setup_logging, shutdown_logging
+
+logger = logging.getLogger(__name__)
+
+
+def set_seeds(cfg: Any, rank: int) -> None:
+    """Seed python, numpy and torch with SEED_VALUE + rank (as VISSL)."""
+    seed = int(cfg.SEED_VALUE) + rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def train_main(
+    cfg: Any,
+    dist_run_id: str,
+    checkpoint_path: str | None,
+    checkpoint_folder: str,
+    local_rank: int = 0,
+    node_id: int = 0,
+    hook_generator: Callable[[Any], list[Any]] | None = None,
+) -> Any:
+    """Train in this process (the process group, if any, is already initialised)."""
+    from vissl.hooks import default_hook_generator
+
+    rank = get_rank()
+    setup_logging(checkpoint_folder, rank, verbose=bool(cfg.VERBOSE))
+    try:
+        device = get_device(cfg, local_rank)
+        set_seeds(cfg, rank)
+        if cfg.REPRODUCIBILITY.CUDDN_DETERMINISTIC:
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        hooks = (hook_generator or default_hook_generator)(cfg)
+        trainer = SelfSupervisionTrainer(cfg, checkpoint_folder, device, hooks, checkpoint_path)
+        return trainer.train()
+    finally:
+        shutdown_logging()
+
+
+@register_engine("train")
+class TrainEngine(Engine):
+    """Self-supervised or supervised training with optional test phases."""
+
+    def run_engine(
+        self,
+        cfg: Any,
+        dist_run_id: str,
+        checkpoint_path: str | None,
+        checkpoint_folder: str,
+        local_rank: int,
+        node_id: int,
+        hook_generator: Callable[[Any], list[Any]],
+    ) -> Any:
+        return train_main(
+            cfg, dist_run_id, checkpoint_path, checkpoint_folder, local_rank, node_id, hook_generator
+        )

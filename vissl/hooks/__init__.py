@@ -1,0 +1,137 @@
+"""Hooks: the base class, the hook registry and the default hook list.
+
+Attach a hook of your own from config::
+
+    # my_hooks.py, listed in config.IMPORTS
+    from vissl.hooks import VisslHook, register_hook
+
+    @register_hook("count_steps")
+    class CountSteps(VisslHook):
+        def __init__(self, every: int = 1):
+            self.every, self.n = every, 0
+        def on_step(self, task):
+            self.n += 1
+
+    # config
+    HOOKS:
+      CUSTOM_HOOKS: [{name: count_steps, every: 5, priority: 60}]
+
+or from Python with ``launch_distributed(cfg, hook_generator=...)`` (VISSL's way).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from vissl.errors import ConfigError
+from vissl.hooks.base import (
+    HOOK_EVENTS,
+    ClassyHook,
+    HookDispatcher,
+    Priority,
+    SSLClassyHookFunctions,
+    VisslHook,
+    hook_name,
+)
+from vissl.utils.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+HOOK_REGISTRY: Registry[Any] = Registry("hook", config_key="config.HOOKS.CUSTOM_HOOKS[].name")
+
+
+def register_hook(name: str) -> Any:
+    """Decorator registering a hook class (or factory) under ``name``."""
+    return HOOK_REGISTRY.register(name)
+
+
+def build_hook(spec: Mapping[str, Any], index: int = 0) -> Any:
+    """Build one ``HOOKS.CUSTOM_HOOKS`` entry: ``{name, [priority], **kwargs}``."""
+    kwargs = {k: v for k, v in dict(spec).items() if k not in ("name", "priority")}
+    factory = HOOK_REGISTRY.get(spec["name"])
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as err:
+        raise ConfigError(
+            f"config.HOOKS.CUSTOM_HOOKS[{index}] ({spec['name']!r}): {err}. Its arguments are "
+            f"{inspect.signature(factory)}.",
+            f"config.HOOKS.CUSTOM_HOOKS[{index}]",
+        ) from err
+    except ValueError:
+        pass  # no signature available (builtins); let the call report errors
+    hook = factory(**kwargs)
+    if "priority" in spec:
+        hook.priority = int(spec["priority"])
+    return hook
+
+
+def default_hook_generator(cfg: Any) -> list[Any]:
+    """The default hooks for a config (``cfg`` is the ``config`` section).
+
+    The order in this list is the tie-break among equal priorities; priorities decide
+    first (see each class): the NaN check runs before anything that reads the loss or
+    saves state; perf timers start before the step; logging and TensorBoard read the
+    state after; checkpoints are written last at phase end.
+    """
+    from vissl.hooks.checkpoint_hooks import CheckpointHook, LogMetricsHook
+    from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
+    from vissl.hooks.state_update_hooks import CheckNanLossHook, GradClipHook
+    from vissl.hooks.tensorboard_hook import SSLTensorboardHook
+
+    folder = cfg.CHECKPOINT.DIR
+    hooks: list[Any] = []
+    if cfg.HOOKS.CHECK_NAN:
+        hooks.append(CheckNanLossHook(window=int(cfg.LOG_FREQUENCY)))
+    if cfg.HOOKS.PERF_STATS.MONITOR_PERF_STATS:
+        hooks.append(LogPerfTimeMetricsHook(int(cfg.HOOKS.PERF_STATS.PERF_STAT_FREQUENCY)))
+    if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP:
+        hooks.append(GradClipHook(cfg.MODEL.GRAD_CLIP.NORM_TYPE, cfg.MODEL.GRAD_CLIP.MAX_NORM))
+    hooks.append(
+        LogLossLrEtaHook(
+            folder,
+            progress_bar=bool(cfg.HOOKS.PROGRESS_BAR),
+            rolling_btime_freq=int(cfg.HOOKS.PERF_STATS.ROLLING_BTIME_FREQ),
+        )
+    )
+    tb = cfg.HOOKS.TENSORBOARD_SETUP
+    if tb.USE_TENSORBOARD:
+        base = folder if tb.LOG_DIR in ("", ".") else tb.LOG_DIR
+        hooks.append(
+            SSLTensorboardHook(
+                os.path.join(base, tb.EXPERIMENT_LOG_DIR),
+                log_params=bool(tb.LOG_PARAMS),
+                log_params_gradients=bool(tb.LOG_PARAMS_GRADIENTS),
+                log_params_every_n_iters=int(tb.LOG_PARAMS_EVERY_N_ITERS),
+                flush_every_n_min=float(tb.FLUSH_EVERY_N_MIN),
+            )
+        )
+    hooks.append(LogMetricsHook(folder))
+    hooks.append(
+        CheckpointHook(
+            folder,
+            phase_frequency=int(cfg.CHECKPOINT.CHECKPOINT_FREQUENCY),
+            iter_frequency=int(cfg.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY),
+        )
+    )
+    for i, spec in enumerate(cfg.HOOKS.CUSTOM_HOOKS):
+        hooks.append(build_hook(spec, i))
+    return hooks
+
+
+__all__ = [
+    "HOOK_EVENTS",
+    "HOOK_REGISTRY",
+    "ClassyHook",
+    "HookDispatcher",
+    "Priority",
+    "SSLClassyHookFunctions",
+    "VisslHook",
+    "build_hook",
+    "default_hook_generator",
+    "hook_name",
+    "register_hook",
+]

@@ -1,0 +1,34 @@
+"""``precision_at_k_list_meter``: precision@k of each model output (single- or multi-label)."""
+
+from __future__ import annotations
+
+import torch
+
+from vissl.meters import register_meter
+from vissl.meters._topk_list_meter import TopKListMeter
+
+
+@register_meter("precision_at_k_list_meter")
+class PrecisionAtKListMeter(TopKListMeter):
+    """Precision@k, one meter per output: correct labels among the top ``k`` / ``k``.
+
+    Example: targets ``[0 1 0 1 0]`` and scores ``[.06 .41 .04 .39 .1]`` give
+    precision@1 = 1/1 and precision@3 = 2/3. Targets are ``(B,)`` class indices or
+    ``(B, C)`` one-hot / multi-label vectors.
+    """
+
+    NAME = "precision_at_k_list_meter"
+
+    def _counts(
+        self, output: torch.Tensor, target: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | float]:
+        targets = self._one_hot_target(target, output)
+        pred = self._topk_classes(output)
+        # min(1, t) is the "AND" of the top-k mask with (0/1 or soft) targets.
+        hit = targets.gather(1, pred).clamp(max=1.0)
+        cumulative = hit.cumsum(dim=1).sum(dim=0)
+        hits = torch.stack([cumulative[k - 1] for k in self._topk_values])
+        return hits, float(output.shape[0])
+
+    def _ratio(self, hits: float, denom: float, k: int) -> float:
+        return hits / (k * denom)

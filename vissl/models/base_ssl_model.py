@@ -1,0 +1,395 @@
+"""``multi_input_output_model``: VISSL's trunk + heads model.
+
+The model is a ``trunk`` (MODEL.TRUNK.NAME) and ``heads`` (an ``nn.ModuleList`` built
+from MODEL.HEAD.PARAMS), so state-dict keys start with ``trunk.`` and ``heads.`` as in
+VISSL. ``forward`` returns a list with one tensor per output.
+
+HEAD.PARAMS forms:
+
+- ``[]``: no head; the output is the trunk feature(s).
+- ``[[name, {kwargs}], ...]`` (flat): one head module per entry. With one trunk feature
+  the modules are chained (output list of length 1); when the trunk returns N features
+  (feature evaluation on N layers) and there are N entries, entry i is applied to
+  feature i.
+- ``[[[name, {kwargs}], ...], [[name, {kwargs}], ...]]`` (list of chains): each chain is
+  one head (an ``nn.Sequential``); the heads run in parallel on the trunk feature, one
+  output each (or head i on feature i when the trunk returns one feature per head).
+
+A batch is a tensor (N, C, H, W) or a list of tensors (multi-crop): consecutive tensors
+of the same shape are concatenated and run through the trunk together, and the features
+are concatenated along the batch dimension in input order before the heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from vissl.errors import ConfigError
+from vissl.models import register_model
+from vissl.models.heads import MODEL_HEADS_REGISTRY, get_model_head
+from vissl.models.model_helpers import (
+    cfg_get,
+    get_trunk_output_feature_names,
+    is_feature_extractor_model,
+)
+from vissl.models.trunks import get_model_trunk
+from vissl.models.trunks.feature_extractor import FeatureExtractorModel
+from vissl.utils.registry import closest_match
+
+logger = logging.getLogger(__name__)
+
+_HEAD_KEY = "config.MODEL.HEAD.PARAMS"
+_EXPECTED_HEADS = (
+    "Expected a list of head modules [[name, {kwargs}], ...], e.g. "
+    '[["mlp", {"dims": [2048, 128]}]] (chained on the trunk feature, or one per trunk '
+    "feature), or a list of such chains [[[name, {kwargs}], ...], [[name, {kwargs}]]] "
+    "for several parallel heads."
+)
+
+HeadSpec = tuple[str, dict[str, Any]]
+
+
+def _is_module_spec(item: Any) -> bool:
+    return (
+        isinstance(item, list | tuple)
+        and len(item) in (1, 2)
+        and isinstance(item[0], str)
+        and (len(item) == 1 or item[1] is None or isinstance(item[1], Mapping))
+    )
+
+
+def _is_chain(item: Any) -> bool:
+    return isinstance(item, list | tuple) and len(item) > 0 and all(map(_is_module_spec, item))
+
+
+def _to_spec(item: Sequence[Any]) -> HeadSpec:
+    kwargs = item[1] if len(item) == 2 and item[1] is not None else {}
+    return item[0], dict(kwargs)
+
+
+def parse_head_params(params: Any) -> tuple[list[list[HeadSpec]], bool]:
+    """Normalise HEAD.PARAMS into a list of heads, each a chain of (name, kwargs).
+
+    Returns:
+        (heads, parallel): ``parallel`` is True when PARAMS uses the list-of-chains form.
+
+    Raises:
+        ConfigError: PARAMS does not have one of the accepted shapes.
+    """
+    if params is None:
+        return [], False
+    if not isinstance(params, list | tuple):
+        raise ConfigError(
+            f"{_HEAD_KEY} must be a list; got {params!r}. {_EXPECTED_HEADS}", _HEAD_KEY
+        )
+    if len(params) == 0:
+        return [], False
+    if isinstance(params[0], str):  # a single module given without the outer list
+        if not _is_module_spec(params):
+            raise ConfigError(f"{_HEAD_KEY}={params!r} is malformed. {_EXPECTED_HEADS}", _HEAD_KEY)
+        return [[_to_spec(params)]], False
+    heads: list[list[HeadSpec]] = []
+    parallel = False
+    for i, item in enumerate(params):
+        if _is_module_spec(item):
+            heads.append([_to_spec(item)])
+        elif _is_chain(item):
+            heads.append([_to_spec(x) for x in item])
+            parallel = True
+        else:
+            raise ConfigError(
+                f"{_HEAD_KEY}[{i}]={item!r} is malformed: each entry must be "
+                f"[name, {{kwargs}}] or a list of those. {_EXPECTED_HEADS}",
+                _HEAD_KEY,
+            )
+    return heads, parallel
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Fix the CPU RNG inside the block (without disturbing the global stream)."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+@register_model("multi_input_output_model")
+class BaseSSLMultiInputOutputModel(nn.Module):
+    """Self-supervised model: a trunk computing features, heads computing outputs.
+
+    Supports single- and multi-output heads, heads per trunk layer (linear evaluation),
+    multi-resolution crops, frozen trunk / heads (FEATURE_EVAL_SETTINGS.FREEZE_*) and
+    MODEL.NON_TRAINABLE_PARAMS.
+
+    Args:
+        model_config: config.MODEL.
+        optimizer_config: config.OPTIMIZER (kept for VISSL compatibility).
+    """
+
+    def __init__(
+        self, model_config: Mapping[str, Any], optimizer_config: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__()
+        self.model_config = model_config
+        self.optimizer_config = optimizer_config
+        self._trunk_frozen = False
+        self._heads_frozen = False
+        mapping = cfg_get(model_config, "MULTI_INPUT_HEAD_MAPPING", []) or []
+        if len(mapping) > 0:
+            raise ConfigError(
+                "config.MODEL.MULTI_INPUT_HEAD_MAPPING is not supported yet by vissl's "
+                "multi_input_output_model; leave it empty.",
+                "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
+            )
+        self.eval_mode = is_feature_extractor_model(model_config)
+        self.trunk = self._get_trunk()
+        self._output_feature_names = get_trunk_output_feature_names(model_config)
+        self.heads = nn.ModuleList()
+        self.head_names: list[str] = []
+        self._parallel_heads = False
+        self._get_heads()
+        self._apply_freezing()
+
+    # ------------------------------------------------------------------ construction
+    def _get_trunk(self) -> nn.Module:
+        if self.eval_mode:
+            return FeatureExtractorModel(self.model_config)
+        name = cfg_get(self.model_config, "TRUNK.NAME", "resnet")
+        return get_model_trunk(name)(self.model_config, name)
+
+    def _build_head_module(self, spec: HeadSpec, where: str) -> nn.Module:
+        name, kwargs = spec
+        cls = get_model_head(name)
+        try:
+            inspect.signature(cls).bind(self.model_config, **kwargs)
+        except TypeError as e:
+            try:
+                accepted = [p for p in inspect.signature(cls).parameters][1:]
+            except (TypeError, ValueError):
+                accepted = []
+            raise ConfigError(
+                f"{_HEAD_KEY}{where}: head {name!r} cannot take the arguments "
+                f"{sorted(kwargs)} ({e}). It accepts: {accepted}.",
+                _HEAD_KEY,
+            ) from None
+        except ValueError:  # no introspectable signature: let the call decide
+            pass
+        return cls(self.model_config, **kwargs)
+
+    def _get_heads(self) -> None:
+        """Build ``self.heads`` from HEAD.PARAMS (see the module docstring)."""
+        heads, self._parallel_heads = parse_head_params(
+            cfg_get(self.model_config, "HEAD.PARAMS", [])
+        )
+        seed = cfg_get(self.model_config, "_MODEL_INIT_SEED", None)
+        for i, chain in enumerate(heads):
+            modules = []
+            for j, spec in enumerate(chain):
+                where = f"[{i}][{j}]" if self._parallel_heads else f"[{i}]"
+                with _seeded(None if seed is None else int(seed) + j):
+                    modules.append(self._build_head_module(spec, where))
+            if self._parallel_heads:
+                self.heads.append(nn.Sequential(*modules))
+                self.head_names.append("->".join(name for name, _ in chain))
+            else:
+                self.heads.append(modules[0])
+                self.head_names.append(chain[0][0])
+        n_feats = max(1, len(self._output_feature_names))
+        n_heads = len(self.heads)
+        if n_heads and n_feats > 1 and n_heads != n_feats:
+            raise ConfigError(
+                f"{_HEAD_KEY} defines {n_heads} heads but the trunk returns {n_feats} "
+                f"features ({self._output_feature_names}); give one head per feature.",
+                _HEAD_KEY,
+            )
+
+    def _apply_freezing(self) -> None:
+        fe = cfg_get(self.model_config, "FEATURE_EVAL_SETTINGS", {}) or {}
+        freeze_all = bool(fe.get("FREEZE_TRUNK_AND_HEAD", False))
+        freeze_trunk = bool(fe.get("FREEZE_TRUNK_ONLY", False))
+        if (freeze_all or freeze_trunk) and not fe.get("EVAL_MODE_ON", False):
+            logger.warning(
+                "config.MODEL.FEATURE_EVAL_SETTINGS.FREEZE_* is set without EVAL_MODE_ON; "
+                "VISSL would ignore it, vissl freezes as asked."
+            )
+        if freeze_all:
+            self.freeze_head_and_trunk()
+        elif freeze_trunk or self.eval_mode:
+            self.freeze_trunk()
+        names = list(cfg_get(self.model_config, "NON_TRAINABLE_PARAMS", []) or [])
+        if names:
+            self.freeze_params(names)
+
+    # ------------------------------------------------------------------ freezing
+    def freeze_trunk(self) -> None:
+        """Set requires_grad=False on the trunk and keep it in eval mode."""
+        logger.info("Freezing model trunk...")
+        for param in self.trunk.parameters():
+            param.requires_grad = False
+        self._trunk_frozen = True
+        self.train(self.training)
+
+    def freeze_head(self) -> None:
+        """Set requires_grad=False on the heads and keep them in eval mode."""
+        logger.info("Freezing model heads...")
+        for param in self.heads.parameters():
+            param.requires_grad = False
+        self._heads_frozen = True
+        self.train(self.training)
+
+    def freeze_head_and_trunk(self) -> None:
+        """Freeze the whole model."""
+        self.freeze_trunk()
+        self.freeze_head()
+
+    def freeze_params(self, names: Sequence[str]) -> None:
+        """Set requires_grad=False on parameters named in ``names`` (MODEL.NON_TRAINABLE_PARAMS).
+
+        A name matches a parameter exactly (``trunk._feature_blocks.conv1.weight``) or is
+        a module prefix (``heads.0``). Norm layers stay in their normal train/eval mode.
+
+        Raises:
+            ConfigError: a name matches no parameter.
+        """
+        params = dict(self.named_parameters())
+        for name in names:
+            hits = [n for n in params if n == name or n.startswith(name + ".")]
+            if not hits:
+                close = closest_match(name, list(params))
+                hint = f" Did you mean {close!r}?" if close else ""
+                raise ConfigError(
+                    f"config.MODEL.NON_TRAINABLE_PARAMS: no parameter named {name!r}.{hint} "
+                    "Names are those of model.named_parameters(), e.g. "
+                    f"{list(params)[:3]}.",
+                    "config.MODEL.NON_TRAINABLE_PARAMS",
+                )
+            for n in hits:
+                params[n].requires_grad = False
+
+    def is_fully_frozen_model(self) -> bool:
+        """True if no trunk or head parameter is trainable."""
+        return not any(p.requires_grad for p in self.parameters())
+
+    def train(self, mode: bool = True) -> BaseSSLMultiInputOutputModel:
+        """Set train/eval mode; frozen trunk / heads always stay in eval mode."""
+        super().train(mode)
+        if self._trunk_frozen:
+            self.trunk.train(False)
+        if self._heads_frozen:
+            self.heads.train(False)
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def _extract_trunk_features_only(self) -> bool:
+        fe = cfg_get(self.model_config, "FEATURE_EVAL_SETTINGS", {}) or {}
+        return bool(fe.get("EVAL_MODE_ON", False) and fe.get("EXTRACT_TRUNK_FEATURES_ONLY", False))
+
+    def _run_trunk(self, batch: torch.Tensor, feature_names: list[str]) -> list[torch.Tensor]:
+        feats = self.trunk(batch, feature_names or None)
+        if isinstance(feats, torch.Tensor):
+            feats = [feats]
+        return list(feats)
+
+    def heads_forward(
+        self, feats: Sequence[torch.Tensor], heads: nn.ModuleList | Sequence[nn.Module]
+    ) -> list[torch.Tensor]:
+        """Apply ``heads`` to the trunk features (see the module docstring)."""
+        if len(heads) == 0:
+            return list(feats)
+        if len(feats) == len(heads):
+            return [head(feat) for feat, head in zip(feats, heads)]
+        if len(feats) == 1:
+            if self._parallel_heads:
+                return [head(feats[0]) for head in heads]
+            out = feats[0]
+            for head in heads:
+                out = head(out)
+            return [out]
+        raise ConfigError(
+            f"{_HEAD_KEY}: {len(heads)} heads cannot be applied to {len(feats)} trunk "
+            "features; use one head per feature or a single trunk feature.",
+            _HEAD_KEY,
+        )
+
+    def single_input_forward(
+        self,
+        batch: torch.Tensor,
+        feature_names: list[str],
+        heads: nn.ModuleList | Sequence[nn.Module],
+    ) -> list[torch.Tensor]:
+        """Trunk then heads on one input tensor."""
+        feats = self._run_trunk(batch, feature_names)
+        if self._extract_trunk_features_only():
+            return feats
+        return self.heads_forward(feats, heads)
+
+    def multi_res_input_forward(
+        self, batch: Sequence[torch.Tensor], feature_names: list[str]
+    ) -> list[torch.Tensor]:
+        """Run the trunk once per group of consecutive same-shape crops, concatenate the
+        features along the batch dimension (input order), then run the heads."""
+        if len(batch) == 0:
+            raise ValueError("The model received an empty list of input tensors.")
+        bounds: list[int] = []
+        single_pass = bool(cfg_get(self.model_config, "SINGLE_PASS_EVERY_CROP", False))
+        for i in range(1, len(batch) + 1):
+            if i == len(batch) or single_pass or batch[i].shape[1:] != batch[i - 1].shape[1:]:
+                bounds.append(i)
+        per_feature: list[list[torch.Tensor]] = []
+        start = 0
+        for end in bounds:
+            chunk = batch[start] if end - start == 1 else torch.cat(list(batch[start:end]))
+            feats = self._run_trunk(chunk, feature_names)
+            if not per_feature:
+                per_feature = [[] for _ in feats]
+            for store, feat in zip(per_feature, feats):
+                store.append(feat)
+            start = end
+        all_feats = [f[0] if len(f) == 1 else torch.cat(f) for f in per_feature]
+        if self._extract_trunk_features_only():
+            return all_feats
+        return self.heads_forward(all_feats, self.heads)
+
+    def forward(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Model outputs for a tensor batch or a list of (multi-crop) tensors."""
+        if isinstance(batch, torch.Tensor):
+            return self.single_input_forward(batch, self._output_feature_names, self.heads)
+        return self.multi_res_input_forward(batch, self._output_feature_names)
+
+    def get_features(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        """The trunk features only (no heads)."""
+        return self._run_trunk(batch, self._output_feature_names)
+
+    # ------------------------------------------------------------------ state
+    def get_classy_state(self, deep_copy: bool = False) -> dict[str, Any]:
+        """VISSL's model state: ``{"model": {"trunk": sd, "heads": sd}, "meta": {...}}``."""
+        state: dict[str, Any] = {
+            "model": {"trunk": self.trunk.state_dict(), "heads": self.heads.state_dict()},
+            "meta": {"trunk": {}, "heads": []},
+        }
+        return copy.deepcopy(state) if deep_copy else state
+
+    def set_classy_state(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Load a state from :meth:`get_classy_state` (heads may be partial, as in VISSL)."""
+        self.trunk.load_state_dict(state["model"]["trunk"], strict=strict)
+        self.heads.load_state_dict(state["model"]["heads"], strict=False)
+
+    def is_clustering_model(self) -> bool:
+        """True for a single head containing SwAV prototypes (``swav_head``), if registered."""
+        if "swav_head" not in MODEL_HEADS_REGISTRY or len(self.heads) != 1:
+            return False
+        swav_cls = MODEL_HEADS_REGISTRY.get("swav_head")
+        return isinstance(swav_cls, type) and any(
+            isinstance(m, swav_cls) for m in self.heads[0].modules()
+        )

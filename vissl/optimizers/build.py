@@ -1,0 +1,109 @@
+"""``build_optimizer``: the optimizer of ``config.OPTIMIZER`` over a model's param groups."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from vissl.errors import ConfigError
+from vissl.optimizers import OPTIMIZER_REGISTRY
+from vissl.optimizers._checks import get_bool, get_number, get_section
+from vissl.optimizers.larc import LARC
+from vissl.optimizers.param_groups import get_optimizer_param_groups
+from vissl.optimizers.param_scheduler.scheduler_set import ParamSchedulerSet, build_param_schedulers
+
+_PATH = "config.OPTIMIZER"
+
+
+def build_larc(optimizer: torch.optim.Optimizer, larc_config: Mapping[str, Any]) -> LARC:
+    """Wrap ``optimizer`` in :class:`LARC` configured by ``OPTIMIZER.larc_config``."""
+    path = f"{_PATH}.larc_config"
+    return LARC(
+        optimizer,
+        trust_coefficient=get_number(
+            larc_config, "trust_coefficient", path, default=0.02, min_value=0.0, min_inclusive=False
+        ),
+        clip=get_bool(larc_config, "clip", path, default=True),
+        eps=get_number(larc_config, "eps", path, default=1e-8, min_value=0.0),
+    )
+
+
+def _initial_lrs(
+    optimizer_config: Mapping[str, Any], param_schedulers: ParamSchedulerSet | None
+) -> dict[str, float]:
+    if param_schedulers is None:
+        # Without the batch size the schedule cannot be auto-scaled; these are placeholders
+        # until ParamSchedulerSet.apply() sets the real values.
+        param_schedulers = build_param_schedulers(
+            _without_auto_scaling(optimizer_config), batch_size_per_replica=1, world_size=1
+        )
+    values = param_schedulers.values(0.0)
+    for name, value in values.items():
+        if value < 0:
+            raise ConfigError(
+                f"{_PATH}.param_schedulers.{name} starts at a negative learning rate ({value}).",
+                f"{_PATH}.param_schedulers.{name}",
+            )
+    return values
+
+
+def _without_auto_scaling(optimizer_config: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = dict(optimizer_config)
+    schedules = dict(get_section(optimizer_config, "param_schedulers", _PATH))
+    for name, sched in list(schedules.items()):
+        if isinstance(sched, Mapping):
+            sched = dict(sched)
+            sched["auto_lr_scaling"] = {"auto_scale": False}
+            schedules[name] = sched
+    cfg["param_schedulers"] = schedules
+    return cfg
+
+
+def build_optimizer(
+    optimizer_config: Mapping[str, Any],
+    model: nn.Module,
+    *,
+    param_schedulers: ParamSchedulerSet | None = None,
+) -> torch.optim.Optimizer:
+    """Build the optimizer named by ``OPTIMIZER.name`` over ``model``'s param groups.
+
+    Args:
+        optimizer_config: ``config.OPTIMIZER``.
+        model: the model (head parameters are those of ``model.heads``).
+        param_schedulers: the run's schedules; their values at ``where=0`` are the initial
+            learning rates. Without them the unscaled config values are used as
+            placeholders: call ``ParamSchedulerSet.apply`` before the first step.
+
+    Returns:
+        The torch optimizer, wrapped in :class:`LARC` when ``use_larc`` is true. Every param
+        group carries ``is_head`` and ``param_group_name``.
+
+    Raises:
+        UnknownNameError: an unregistered optimizer name.
+        ConfigError: invalid optimizer settings, naming the key.
+    """
+    name = optimizer_config.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"{_PATH}.name must name an optimizer ({OPTIMIZER_REGISTRY.names()}), got {name!r}.",
+            f"{_PATH}.name",
+        )
+    builder = OPTIMIZER_REGISTRY.get(name)
+    use_larc = get_bool(optimizer_config, "use_larc", _PATH, default=False)
+    larc_config = get_section(optimizer_config, "larc_config", _PATH)
+    lrs = _initial_lrs(optimizer_config, param_schedulers)
+    param_groups = get_optimizer_param_groups(
+        model, optimizer_config, lr=lrs["lr"], lr_head=lrs["lr_head"]
+    )
+    optimizer = builder(optimizer_config, param_groups)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer builder {name!r} ({OPTIMIZER_REGISTRY.origin(name)}) returned "
+            f"{type(optimizer).__name__}, expected a torch.optim.Optimizer."
+        )
+    if use_larc:
+        optimizer = build_larc(optimizer, larc_config)
+    return optimizer

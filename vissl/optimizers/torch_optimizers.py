@@ -1,0 +1,84 @@
+"""The built-in optimizers: ``sgd``, ``adam`` and ``adamw`` over prepared param groups.
+
+Each registered builder is ``fn(optimizer_config, param_groups) -> torch.optim.Optimizer``;
+the param groups (see :mod:`vissl.optimizers.param_groups`) already carry ``lr`` and
+``weight_decay``. Keys read, under ``config.OPTIMIZER``:
+
+* ``sgd``: ``momentum`` (in [0, 1)), ``nesterov``, ``dampening`` (optional)
+* ``adam`` / ``adamw``: ``betas`` (two values in [0, 1)), ``eps`` (default 1e-8),
+  ``amsgrad`` (default false)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from vissl.errors import ConfigError
+from vissl.optimizers import register_optimizer
+from vissl.optimizers._checks import get_bool, get_number, is_number
+
+_PATH = "config.OPTIMIZER"
+
+
+def _betas(cfg: Mapping[str, Any]) -> tuple[float, float]:
+    betas = cfg.get("betas", (0.9, 0.999))
+    if (
+        not isinstance(betas, list | tuple)
+        or len(betas) != 2
+        or not all(is_number(b) and 0.0 <= b < 1.0 for b in betas)
+    ):
+        raise ConfigError(
+            f"{_PATH}.betas must be two numbers in [0, 1), got {betas!r}.", f"{_PATH}.betas"
+        )
+    return float(betas[0]), float(betas[1])
+
+
+@register_optimizer("sgd")
+def build_sgd(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``torch.optim.SGD`` with ``momentum``, ``nesterov`` and per-group weight decay."""
+    momentum = get_number(
+        cfg, "momentum", _PATH, default=0.0, min_value=0.0, max_value=1.0, max_inclusive=False
+    )
+    nesterov = get_bool(cfg, "nesterov", _PATH, default=False)
+    dampening = get_number(cfg, "dampening", _PATH, default=0.0, min_value=0.0)
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ConfigError(
+            f"{_PATH}.nesterov needs {_PATH}.momentum > 0 and no dampening; got momentum "
+            f"{momentum}, dampening {dampening}.",
+            f"{_PATH}.nesterov",
+        )
+    return torch.optim.SGD(
+        param_groups,
+        lr=param_groups[0]["lr"],
+        momentum=momentum,
+        dampening=dampening,
+        nesterov=nesterov,
+        weight_decay=param_groups[0].get("weight_decay", 0.0),
+    )
+
+
+def _adam_kwargs(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "lr": param_groups[0]["lr"],
+        "betas": _betas(cfg),
+        "eps": get_number(cfg, "eps", _PATH, default=1e-8, min_value=0.0),
+        "weight_decay": param_groups[0].get("weight_decay", 0.0),
+        "amsgrad": get_bool(cfg, "amsgrad", _PATH, default=False),
+    }
+
+
+@register_optimizer("adam")
+def build_adam(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """``torch.optim.Adam`` (L2 weight decay added to the gradient)."""
+    return torch.optim.Adam(param_groups, **_adam_kwargs(cfg, param_groups))
+
+
+@register_optimizer("adamw")
+def build_adamw(
+    cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]
+) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` (decoupled weight decay)."""
+    return torch.optim.AdamW(param_groups, **_adam_kwargs(cfg, param_groups))

@@ -1,0 +1,318 @@
+"""``SelfSupervisionTask``: the state a train step and the hooks work on.
+
+Attribute names follow VISSL's task, since custom steps and hooks read them: ``model``,
+``base_model``, ``loss``, ``optimizer``, ``meters``, ``data_iterator``, ``train``,
+``where``, ``iteration``, ``local_iteration_num``, ``phase_idx``, ``train_phase_idx``,
+``max_iteration``, ``num_updates``, ``last_batch``, ``perf_stats``, ``amp_type``,
+``amp_grad_scaler``, ``enable_manual_gradient_reduction``, ``additional_log_data``,
+``config``, ``checkpoint_folder``, ``device``, ``run_hooks(name)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from vissl.config.attr_dict import AttrDict
+from vissl.errors import ConfigError
+from vissl.hooks.base import HookDispatcher
+from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer
+from vissl.trainer.precision import Precision, build_precision
+from vissl.utils.distributed import get_rank, get_world_size
+from vissl.utils.perf_stats import PerfStats
+
+logger = logging.getLogger(__name__)
+
+
+def build_phases(config: AttrDict) -> list[dict[str, bool]]:
+    """Train phases from OPTIMIZER.num_epochs, with test phases per TEST_EVERY_NUM_EPOCH."""
+    num_epochs = int(config.OPTIMIZER.num_epochs)
+    if config.TEST_ONLY:
+        return [{"train": False}]
+    phases: list[dict[str, bool]] = []
+    every = max(1, int(config.TEST_EVERY_NUM_EPOCH))
+    for epoch in range(num_epochs):
+        phases.append({"train": True})
+        if config.TEST_MODEL and ((epoch + 1) % every == 0 or epoch == num_epochs - 1):
+            phases.append({"train": False})
+    return phases
+
+
+def convert_sync_batchnorm(model: nn.Module, config: AttrDict, device: torch.device) -> nn.Module:
+    """Apply MODEL.SYNC_BN_CONFIG: a no-op with one process; torch SyncBN on CUDA."""
+    sync = config.MODEL.SYNC_BN_CONFIG
+    if not sync.CONVERT_BN_TO_SYNC_BN or get_world_size() == 1:
+        return model
+    if device.type != "cuda":
+        raise ConfigError(
+            "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True needs CUDA: torch's "
+            "SyncBatchNorm does not run on CPU with several processes. Set it to False for "
+            "CPU runs.",
+            "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN",
+        )
+    group_size = int(sync.GROUP_SIZE)
+    process_group = None
+    if group_size == -1:
+        group_size = int(config.DISTRIBUTED.NUM_PROC_PER_NODE)
+    if group_size > 0 and group_size < get_world_size():
+        ranks = list(range(get_world_size()))
+        groups = [
+            torch.distributed.new_group(ranks[i : i + group_size])
+            for i in range(0, len(ranks), group_size)
+        ]
+        process_group = groups[get_rank() // group_size]
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=process_group)
+
+
+class SelfSupervisionTask:
+    """Everything one training run needs, built once from the config.
+
+    Args:
+        config: the validated ``config`` section (an :class:`AttrDict`).
+        checkpoint_folder: where checkpoints and logs are written.
+        device: the device this process trains on.
+        hooks: hook objects (see :mod:`vissl.hooks`).
+    """
+
+    def __init__(
+        self,
+        config: AttrDict,
+        checkpoint_folder: str,
+        device: torch.device,
+        hooks: Iterable[Any] = (),
+    ) -> None:
+        self.config = config
+        self.checkpoint_folder = checkpoint_folder
+        self.device = device
+        self.hooks: list[Any] = list(hooks)
+        self.dispatcher = HookDispatcher(self.hooks)
+
+        self.phases = build_phases(config)
+        self.num_train_phases = sum(p["train"] for p in self.phases)
+        self.phase_idx = -1
+        self.train_phase_idx = -1
+        self.iteration = 0
+        self.local_iteration_num = -1
+        self.num_updates = 0
+        self.train = True
+        self.max_iteration = 0
+
+        self.model: nn.Module = nn.Identity()
+        self.base_model: nn.Module = nn.Identity()
+        self.loss: nn.Module = nn.Identity()
+        self.optimizer: Any = None
+        self.param_schedulers: Any = None
+        self.meters: list[Any] = []
+        self.datasets: dict[str, Any] = {}
+        self.dataloaders: dict[str, Any] = {}
+        self.data_iterator: Iterator[Any] = iter(())
+        self.precision: Precision = Precision()
+        self.grad_reducer: NoReduction = NoReduction()
+        self.perf_stats: PerfStats | None = None
+        self.last_batch: Any = None
+        self.additional_log_data: dict[str, Any] = {}
+        self.checkpoint: dict[str, Any] | None = None
+        self.data_and_label_keys = {
+            "input": list(config.DATA.TRAIN.INPUT_KEY_NAMES),
+            "target": list(config.DATA.TRAIN.TARGET_KEY_NAMES),
+        }
+        self.enable_training_meter = bool(config.METERS.get("enable_training_meter", True))
+        self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
+        self._phase_loss_sum: torch.Tensor | None = None
+        self._phase_loss_count = 0
+
+    # ------------------------------------------------------------------ building
+    @property
+    def available_splits(self) -> list[str]:
+        splits = []
+        if any(p["train"] for p in self.phases):
+            splits.append("TRAIN")
+        if any(not p["train"] for p in self.phases):
+            splits.append("TEST")
+        return splits
+
+    def build(self) -> SelfSupervisionTask:
+        """Build data, model, loss, meters, optimizer, schedules, precision and reducer."""
+        from vissl.data import build_dataset, get_loader
+        from vissl.losses import build_loss
+        from vissl.meters import build_meters
+        from vissl.models import build_model
+        from vissl.optimizers import build_optimizer
+        from vissl.optimizers.param_scheduler import build_param_schedulers
+
+        cfg = self.config
+        world_size = get_world_size()
+        for split in self.available_splits:
+            if not cfg.DATA[split].DATA_SOURCES and not cfg.DATA[split].DATASET_NAMES:
+                hint = (
+                    " or set config.TEST_MODEL=False to train without test phases"
+                    if split == "TEST"
+                    else ""
+                )
+                raise ConfigError(
+                    f"config.DATA.{split}.DATA_SOURCES is empty but the run has "
+                    f"{split.lower()} phases: list a data source (e.g. [synthetic], "
+                    f"[digits], [disk_folder]){hint}.",
+                    f"config.DATA.{split}.DATA_SOURCES",
+                )
+            self.datasets[split] = build_dataset(cfg, split)
+            self.dataloaders[split] = get_loader(
+                self.datasets[split],
+                cfg,
+                split,
+                num_replicas=world_size,
+                rank=get_rank(),
+                seed=int(cfg.SEED_VALUE),
+                device_is_cuda=self.device.type == "cuda",
+            )
+        if "TRAIN" in self.dataloaders:
+            steps_per_phase = len(self.dataloaders["TRAIN"])
+            if steps_per_phase == 0:
+                raise ConfigError(
+                    "the training data loader yields no batch: the data set has fewer samples "
+                    "per process than config.DATA.TRAIN.BATCHSIZE_PER_REPLICA with DROP_LAST. "
+                    "Lower the batch size or use more data (config.DATA.TRAIN.DATA_LIMIT).",
+                    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA",
+                )
+            self.max_iteration = self.num_train_phases * steps_per_phase
+
+        model = build_model(cfg.MODEL, cfg.OPTIMIZER)
+        model = convert_sync_batchnorm(model, cfg, self.device)
+        self.base_model = model.to(self.device)
+        self.loss = build_loss(cfg.LOSS).to(self.device)
+        self.meters = build_meters(cfg.METERS)
+        if "TRAIN" in self.available_splits:
+            self.param_schedulers = build_param_schedulers(
+                cfg.OPTIMIZER,
+                batch_size_per_replica=int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA),
+                world_size=world_size,
+                num_nodes=int(cfg.DISTRIBUTED.NUM_NODES),
+            )
+            self.optimizer = build_optimizer(
+                cfg.OPTIMIZER, self.base_model, param_schedulers=self.param_schedulers
+            )
+        self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
+        self.grad_reducer = build_gradient_reducer(
+            world_size,
+            manual=self.enable_manual_gradient_reduction,
+            broadcast_buffers=bool(cfg.DISTRIBUTED.BROADCAST_BUFFERS),
+            bucket_cap_mb=float(cfg.DATA.DDP_BUCKET_CAP_MB),
+        )
+        self.model = self.grad_reducer.wrap(self.base_model, self.device)
+        logger.info(
+            "task built: %d phases (%d train), %d iterations, precision %s, gradient reduction %s",
+            len(self.phases),
+            self.num_train_phases,
+            self.max_iteration,
+            self.precision.name,
+            self.grad_reducer.name,
+        )
+        return self
+
+    # ------------------------------------------------------------------ VISSL names
+    @property
+    def amp_type(self) -> str | None:
+        return self.precision.amp_type
+
+    @property
+    def amp_grad_scaler(self) -> Any:
+        return self.precision.grad_scaler
+
+    @property
+    def where(self) -> float:
+        """Fraction of training done, in [0, 1]; schedules are evaluated at this value."""
+        if self.max_iteration <= 0:
+            return 0.0
+        return self.iteration / self.max_iteration
+
+    @property
+    def is_log_iteration(self) -> bool:
+        """Whether the step just completed is one to log (every LOG_FREQUENCY, and the 1st)."""
+        n = self.iteration if self.train else self.local_iteration_num + 1
+        return n == 1 or n % max(1, int(self.config.LOG_FREQUENCY)) == 0
+
+    def get_global_batchsize(self) -> int:
+        split = "TRAIN" if self.train else "TEST"
+        return int(self.config.DATA[split].BATCHSIZE_PER_REPLICA) * get_world_size()
+
+    def run_hooks(self, event: str) -> None:
+        self.dispatcher.run(event, self)
+
+    # ------------------------------------------------------------------ phase losses
+    def reset_phase_loss(self) -> None:
+        self._phase_loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._phase_loss_count = 0
+
+    def accumulate_loss(self, loss: torch.Tensor) -> None:
+        """Add a (detached, rank-averaged) loss to this phase's running sum, on the device."""
+        if self._phase_loss_sum is None:
+            self.reset_phase_loss()
+        assert self._phase_loss_sum is not None
+        self._phase_loss_sum.add_(loss.float())
+        self._phase_loss_count += 1
+
+    def phase_average_loss(self) -> float:
+        """Mean loss of the phase so far (reads the device once)."""
+        if self._phase_loss_sum is None or self._phase_loss_count == 0:
+            return float("nan")
+        return float(self._phase_loss_sum.item()) / self._phase_loss_count
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, as tensors and plain containers (VISSL's layout)."""
+        model_state = self.base_model.state_dict()
+        trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
+        heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
+        other = {
+            k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))
+        }
+        from vissl.hooks.base import hook_name
+
+        classy_state = {
+            "train": self.train,
+            "base_model": {"model": {"trunk": trunk, "heads": heads, "other": other}, "meta": {}},
+            "meters": [m.state_dict() for m in self.meters if hasattr(m, "state_dict")],
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
+            "phase_idx": self.phase_idx,
+            "train_phase_idx": self.train_phase_idx,
+            "num_updates": self.num_updates,
+            "losses": [],
+            "hooks": {hook_name(h): h.state_dict() for h in self.hooks if hasattr(h, "state_dict")},
+            "loss": self.loss.state_dict(),
+            "amp": self.precision.state_dict(),
+        }
+        return {
+            "phase_idx": self.phase_idx,
+            "iteration": self.iteration,
+            "train_phase_idx": self.train_phase_idx,
+            "iteration_num": self.local_iteration_num,
+            "loss": self.loss.state_dict(),
+            "classy_state_dict": classy_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint written by :meth:`state_dict` (phase boundary)."""
+        classy = state["classy_state_dict"]
+        model = classy["base_model"]["model"]
+        full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
+        full.update({f"heads.{k}": v for k, v in model["heads"].items()})
+        full.update(model.get("other", {}))
+        self.base_model.load_state_dict(full)
+        if self.optimizer is not None and classy.get("optimizer"):
+            self.optimizer.load_state_dict(classy["optimizer"])
+        self.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
+        self.precision.load_state_dict(classy.get("amp", {}))
+        from vissl.hooks.base import hook_name
+
+        hook_states = classy.get("hooks", {})
+        for h in self.hooks:
+            if hook_name(h) in hook_states and hasattr(h, "load_state_dict"):
+                h.load_state_dict(hook_states[hook_name(h)])
+        self.phase_idx = int(classy["phase_idx"])
+        self.train_phase_idx = int(classy["train_phase_idx"])
+        self.num_updates = int(classy["num_updates"])
+        self.iteration = int(state["iteration"])

@@ -1,0 +1,207 @@
+"""``standard_train_step``: one iteration, as a class of overridable sections.
+
+Order (hooks in brackets; a perf timer wraps each section)::
+
+    read_sample -> forward [on_forward] -> loss_compute -> loss_all_reduce
+    -> meters_update [on_loss_and_meter]
+    train phases only: -> backward [on_backward] -> optimizer_step [on_update]
+
+Precision (autocast, loss scaling) and gradient reduction (DDP, manual all-reduce) are
+strategy objects on the task; this step never branches on them. Nothing is read back from
+the device here: the loss stays a tensor (hooks read it every LOG_FREQUENCY iterations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from vissl.errors import ConfigError
+from vissl.trainer.train_steps import register_train_step
+from vissl.utils.distributed import all_reduce_mean, get_world_size
+from vissl.utils.perf_stats import perf_timer
+
+
+class LastBatchInfo:
+    """What the last step saw and produced (``task.last_batch``)."""
+
+    __slots__ = ("loss", "loss_extras", "model_output", "sample", "target")
+
+    def __init__(self) -> None:
+        self.sample: dict[str, Any] = {}
+        self.model_output: Any = None
+        self.loss: torch.Tensor | None = None
+        self.loss_extras: dict[str, torch.Tensor] = {}
+        self.target: Any = None
+
+
+def move_to_device(obj: Any, device: torch.device) -> Any:
+    """Copy tensors (nested in lists/tuples/dicts) to ``device`` without blocking."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, Mapping):
+        return {k: move_to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(move_to_device(v, device) for v in obj)
+    return obj
+
+
+def construct_sample_for_model(batch: Mapping[str, Any], task: Any) -> dict[str, Any]:
+    """Reshape a collated batch into ``{"input", "target", "data_valid", ...}`` (VISSL's rule).
+
+    Each input/target key holds a list with one entry per data source; one source is
+    supported by the standard step. With one input key, ``sample["input"]`` is that entry;
+    with several (e.g. PIRL), ``sample["input"][key]``. Other keys are copied unchanged.
+    """
+    input_keys = task.data_and_label_keys["input"]
+    target_keys = task.data_and_label_keys["target"]
+    for key in (*input_keys, *target_keys):
+        if key not in batch:
+            raise ConfigError(
+                f"the batch has no key {key!r} (keys: {sorted(batch)}). Check "
+                "config.DATA.<split>.INPUT_KEY_NAMES / TARGET_KEY_NAMES and the collator.",
+                "config.DATA.TRAIN.INPUT_KEY_NAMES",
+            )
+        value = batch[key]
+        if not isinstance(value, list) or len(value) != 1:
+            raise ConfigError(
+                f"batch[{key!r}] must be a list with one entry per data source, and the "
+                f"standard train step supports one data source (got "
+                f"{type(value).__name__} of length {len(value) if isinstance(value, list) else '-'}). "
+                "Use one entry in config.DATA.<split>.DATA_SOURCES or write a train step "
+                "that handles several.",
+                "config.DATA.TRAIN.DATA_SOURCES",
+            )
+    sample: dict[str, Any] = {}
+    if len(input_keys) == 1:
+        sample["input"] = batch[input_keys[0]][0]
+    else:
+        sample["input"] = {k: batch[k][0] for k in input_keys}
+    if len(target_keys) == 1:
+        sample["target"] = batch[target_keys[0]][0]
+    else:
+        sample["target"] = {k: batch[k][0] for k in target_keys}
+    if "data_valid" in batch:
+        sample["data_valid"] = batch["data_valid"][0]
+    for key, value in batch.items():
+        if key not in sample and key not in input_keys and key not in target_keys and key != "data_valid":
+            sample[key] = value
+    return sample
+
+
+@register_train_step("standard_train_step")
+class StandardTrainStep:
+    """The default train step. Subclass it and override one section to customise."""
+
+    def __call__(self, task: Any) -> Any:
+        task.last_batch = LastBatchInfo()
+        stats = task.perf_stats
+        with perf_timer("train_step_total", stats):
+            with perf_timer("read_sample", stats):
+                sample = self.read_sample(task)
+            task.last_batch.sample = sample
+            task.last_batch.target = sample["target"]
+
+            with self.forward_context(task):
+                with perf_timer("forward", stats):
+                    model_output = self.forward(task, sample)
+                task.last_batch.model_output = model_output
+                task.run_hooks("on_forward")
+
+                with perf_timer("loss_compute", stats):
+                    local_loss = self.compute_loss(task, model_output, sample)
+                with perf_timer("loss_all_reduce", stats):
+                    self.reduce_loss_for_logging(task, local_loss)
+                with perf_timer("meters_update", stats):
+                    self.update_meters(task, model_output, sample)
+                task.run_hooks("on_loss_and_meter")
+
+            if task.train:
+                with perf_timer("backward", stats):
+                    self.backward(task, local_loss)
+                task.run_hooks("on_backward")
+                with perf_timer("optimizer_step", stats):
+                    self.optimizer_step(task)
+                task.run_hooks("on_update")
+                task.num_updates += task.get_global_batchsize()
+        return task
+
+    # ------------------------------------------------------------------ sections
+    def read_sample(self, task: Any) -> dict[str, Any]:
+        """Next batch from the data iterator, reshaped and moved to the task's device.
+
+        Raises StopIteration at the end of the phase (the trainer ends the phase on it).
+        """
+        batch = next(task.data_iterator)
+        sample = construct_sample_for_model(batch, task)
+        return move_to_device(sample, task.device)  # type: ignore[no-any-return]
+
+    def forward_context(self, task: Any) -> contextlib.ExitStack:
+        """Grad mode, the reducer's context (e.g. ``no_sync``) and autocast."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.enable_grad() if task.train else torch.no_grad())
+        if task.train:
+            stack.enter_context(task.grad_reducer.context(task.model))
+        stack.enter_context(task.precision.autocast())
+        return stack
+
+    def forward(self, task: Any, sample: dict[str, Any]) -> Any:
+        output = task.model(sample["input"])
+        if isinstance(output, list | tuple) and len(output) == 1:
+            output = output[0]
+        return output
+
+    def compute_loss(self, task: Any, model_output: Any, sample: dict[str, Any]) -> torch.Tensor:
+        """The loss to backpropagate. A dict result: ``loss`` entry, others logged."""
+        result = task.loss(model_output, sample["target"])
+        if isinstance(result, Mapping):
+            if "loss" not in result:
+                raise ValueError(
+                    f"loss {type(task.loss).__name__} returned a dict without a 'loss' entry "
+                    f"(keys: {sorted(result)}); the 'loss' entry is what is backpropagated."
+                )
+            task.last_batch.loss_extras = {k: v for k, v in result.items() if k != "loss"}
+            return result["loss"]  # type: ignore[no-any-return]
+        return result  # type: ignore[no-any-return]
+
+    def reduce_loss_for_logging(self, task: Any, local_loss: torch.Tensor) -> None:
+        """Average the detached loss (and dict extras) over ranks, for logging only."""
+        extras = task.last_batch.loss_extras
+        if extras:
+            values = torch.stack(
+                [local_loss.detach().float()] + [torch.as_tensor(v).detach().float().to(local_loss.device) for v in extras.values()]
+            )
+            all_reduce_mean(values)
+            task.last_batch.loss = values[0]
+            for i, key in enumerate(extras, start=1):
+                task.additional_log_data[f"loss.{key}"] = values[i]
+        elif get_world_size() > 1:
+            task.last_batch.loss = all_reduce_mean(local_loss.detach().float().clone())
+        else:
+            task.last_batch.loss = local_loss.detach()
+        task.accumulate_loss(task.last_batch.loss)
+
+    def update_meters(self, task: Any, model_output: Any, sample: dict[str, Any]) -> None:
+        if not task.meters or (task.train and not task.enable_training_meter):
+            return
+        target = sample["target"]
+        for meter in task.meters:
+            meter.update(model_output, target)
+
+    def backward(self, task: Any, local_loss: torch.Tensor) -> None:
+        task.optimizer.zero_grad(set_to_none=True)
+        task.precision.backward(local_loss)
+        task.grad_reducer.after_backward(task.model)
+
+    def optimizer_step(self, task: Any) -> None:
+        where = task.where
+        if where >= 1.0:
+            raise RuntimeError(
+                f"optimizer step at where={where:.4f} >= 1: more iterations ran than the "
+                "schedule expects (was the data loader resized after the task was built?)"
+            )
+        task.param_schedulers.apply(task.optimizer, where, "step")
+        task.precision.step(task.optimizer)

@@ -1,0 +1,179 @@
+"""Checkpoint files: atomic writes, the ``checkpoint.torch`` pointer, safe loads, resume lookup.
+
+Folder layout (VISSL's): ``model_phase{N}.torch``, ``model_iteration{N}.torch``,
+``model_final_checkpoint_phase{N}.torch`` and ``checkpoint.torch``, a pointer (symlink)
+to the newest file. Writes go to a temporary file in the same folder, are fsynced, then
+renamed into place, and only then is the pointer moved: a reader never sees a half-written
+checkpoint. Loads use ``torch.load(weights_only=True)``: a checkpoint holds tensors and
+plain containers only, so loading never runs pickled code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from iopath.common.file_io import g_pathmgr
+
+from vissl.errors import VisslError
+
+logger = logging.getLogger(__name__)
+
+POINTER_NAME = "checkpoint.torch"
+_PATTERNS = {
+    "final": re.compile(r"^model_final_checkpoint_phase(\d+)\.torch$"),
+    "phase": re.compile(r"^model_phase(\d+)\.torch$"),
+    "iteration": re.compile(r"^model_iteration(\d+)\.torch$"),
+}
+
+
+class CheckpointLoadError(VisslError, RuntimeError):
+    """A checkpoint file cannot be read safely."""
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """``torch.save`` to ``path`` via a temporary file, fsync and rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    g_pathmgr.mkdirs(folder)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".torch", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def update_pointer(folder: str, filename: str) -> None:
+    """Point ``checkpoint.torch`` at ``filename`` (atomically replaces the old pointer)."""
+    pointer = os.path.join(folder, POINTER_NAME)
+    tmp = os.path.join(folder, f".tmp_pointer_{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(filename, tmp)
+    os.replace(tmp, pointer)
+    _fsync_dir(folder)
+
+
+def save_checkpoint(folder: str, filename: str, state: Mapping[str, Any]) -> str:
+    """Write ``state`` to ``folder/filename`` atomically and move the pointer to it."""
+    path = os.path.join(folder, filename)
+    atomic_torch_save(dict(state), path)
+    update_pointer(folder, filename)
+    logger.info("saved checkpoint %s", path)
+    return path
+
+
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``.
+
+    Raises:
+        CheckpointLoadError: if the file is missing, truncated, or holds pickled objects.
+    """
+    try:
+        with g_pathmgr.open(path, "rb") as f:
+            return torch.load(f, map_location=map_location, weights_only=True)  # type: ignore[no-any-return]
+    except FileNotFoundError as err:
+        raise CheckpointLoadError(f"checkpoint {path!r} does not exist") from err
+    except Exception as err:
+        raise CheckpointLoadError(
+            f"checkpoint {path!r} cannot be loaded safely (weights_only=True): {err}. "
+            "It is truncated, corrupt, or holds pickled Python objects, which vissl "
+            "refuses to run."
+        ) from err
+
+
+def list_checkpoints(folder: str) -> list[tuple[str, int, str]]:
+    """``(kind, number, filename)`` of every checkpoint in ``folder``, oldest first.
+
+    Ordered by training progress: iteration checkpoints are placed by their iteration
+    within phases by file modification time, which matches the order they were written.
+    """
+    if not g_pathmgr.exists(folder):
+        return []
+    found = []
+    for name in g_pathmgr.ls(folder):
+        for kind, pattern in _PATTERNS.items():
+            m = pattern.match(name)
+            if m:
+                mtime = os.path.getmtime(os.path.join(folder, name))
+                found.append((mtime, kind, int(m.group(1)), name))
+    found.sort()
+    return [(kind, num, name) for _, kind, num, name in found]
+
+
+def has_final_checkpoint(folder: str) -> bool:
+    return any(kind == "final" for kind, _, _ in list_checkpoints(folder))
+
+
+def find_resume_checkpoint(folder: str, nth_latest: int = 1) -> str | None:
+    """The checkpoint to resume from: the ``nth_latest`` newest, or None."""
+    ckpts = list_checkpoints(folder)
+    if not ckpts:
+        return None
+    index = max(1, nth_latest)
+    if index > len(ckpts):
+        index = len(ckpts)
+    return os.path.join(folder, ckpts[-index][2])
+
+
+# ---------------------------------------------------------------------- RNG state
+def get_rng_state() -> dict[str, Any]:
+    """Python, numpy, torch (and CUDA) RNG states as tensors and plain containers."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": list(random.getstate()[1]) + [random.getstate()[0], random.getstate()[2]],
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[-2], tuple(int(x) for x in py[:-2]), py[-1]))
+    npst = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            npst["keys"].numpy().astype(np.uint32),
+            npst["pos"],
+            npst["has_gauss"],
+            npst["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,134 @@
+"""Hydra composition of configs, then plugin import and validation.
+
+``compose_hydra_configuration(["config=quick_start", "config.LOG_FREQUENCY=5"])`` composes
+``vissl/config/defaults.yaml`` with ``configs/config/quick_start.yaml`` and the overrides;
+``convert_to_attrdict`` validates the result and returns ``(root, config)`` AttrDicts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from vissl.config.attr_dict import AttrDict
+from vissl.config.validation import _closest_key, _leaf_paths, default_tree, validate_config
+from vissl.errors import ConfigError, UnknownKeyError
+from vissl.utils.imports import import_plugins
+
+logger = logging.getLogger(__name__)
+
+_OVERRIDE_KEY = re.compile(r"^[+~]{0,2}(config(?:\.[\w\-\[\]]+)+)=")
+
+
+def _unknown_override(overrides: Sequence[str], err: Exception) -> UnknownKeyError | None:
+    text = str(err)
+    for override in overrides:
+        m = _OVERRIDE_KEY.match(override)
+        if not m:
+            continue
+        key = m.group(1)
+        leaf = key.rsplit(".", 1)[-1]
+        if f"'{key}'" in text or (f"Key '{leaf}'" in text and "not in struct" in text):
+            path = key[len("config.") :]
+            close = _closest_key(path, list(_leaf_paths(default_tree())))
+            hint = f" Did you mean config.{close}?" if close else ""
+            return UnknownKeyError(
+                f"Unknown config key {key} in override {override!r}.{hint} To add a new key "
+                f"on purpose, write +{key}=... (it must still be a key vissl knows).",
+                key,
+            )
+    return None
+
+
+def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
+    """Compose the defaults with ``config=NAME``, ``+config/group/sub=file`` and overrides.
+
+    Raises:
+        ConfigError: no ``config=``, a config name that does not exist, or an override of
+            an unknown key (with the closest valid key).
+    """
+    overrides = list(overrides)
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with warnings.catch_warnings():
+            # `file://configs` is only there when running from a checkout; not an error.
+            warnings.filterwarnings("ignore", message=r"provider=hydra.searchpath.*not available")
+            with initialize_config_module(config_module="vissl.config", version_base=None):
+                return compose("defaults", overrides=overrides)
+    except MissingConfigException as err:
+        raise ConfigError(
+            f"{err}\nConfigs are looked up under configs/config/ of the vissl package and of "
+            "the current folder; pass config=<path without .yaml>, e.g. config=quick_start.",
+            "config",
+        ) from err
+    except (ConfigCompositionException, MissingMandatoryValue) as err:
+        unknown = _unknown_override(overrides, err) or _unknown_override(
+            overrides, err.__cause__ or err
+        )
+        if unknown is not None:
+            raise unknown from err
+        if "config" in str(err) and not any(o.startswith("config=") for o in overrides):
+            raise ConfigError(
+                "No config given: pass config=<name under configs/config without .yaml>, "
+                "e.g. `python tools/run_distributed_engines.py config=quick_start`.",
+                "config",
+            ) from err
+        raise ConfigError(f"config composition failed: {err}", "config") from err
+
+
+def _infer(config: dict[str, Any]) -> None:
+    """Fill values VISSL infers (informational; components re-derive what they need)."""
+    dist = config["DISTRIBUTED"]
+    world_size = int(dist["NUM_NODES"]) * int(dist["NUM_PROC_PER_NODE"])
+    simclr = config["LOSS"].get("simclr_info_nce_loss")
+    if isinstance(simclr, dict) and isinstance(simclr.get("buffer_params"), dict):
+        simclr["buffer_params"]["world_size"] = world_size
+        simclr["buffer_params"]["effective_batch_size"] = (
+            2 * world_size * int(config["DATA"]["TRAIN"]["BATCHSIZE_PER_REPLICA"])
+        )
+
+
+def convert_to_attrdict(
+    cfg: DictConfig | dict[str, Any], cmdline_args: Sequence[str] | None = None
+) -> tuple[AttrDict, AttrDict]:
+    """Validate a composed config; return ``(root, root.config)`` as AttrDicts.
+
+    The modules in ``config.IMPORTS`` (and ``vissl.plugins`` entry points) are imported first,
+    so user plugins can register names and config keys before validation.
+    """
+    if isinstance(cfg, DictConfig):
+        container = OmegaConf.to_container(cfg, resolve=True)
+    else:
+        container = dict(cfg)
+    assert isinstance(container, dict)
+    container.pop("hydra", None)
+    config = container.get("config")
+    if not isinstance(config, dict):
+        raise ConfigError("the composed config has no `config:` section", "config")
+    import_plugins(config.get("IMPORTS") or [])
+    validate_config(config)
+    _infer(config)
+    root = AttrDict(container)
+    return root, root.config
+
+
+def hydra_compose_and_validate(overrides: Sequence[str]) -> tuple[AttrDict, AttrDict]:
+    """``compose_hydra_configuration`` followed by ``convert_to_attrdict``."""
+    return convert_to_attrdict(compose_hydra_configuration(overrides), overrides)
+
+
+def config_to_yaml(config: AttrDict | dict[str, Any]) -> str:
+    """The resolved config as YAML text (``train_config.yaml``)."""
+    plain = config.to_dict() if isinstance(config, AttrDict) else config
+    return yaml.safe_dump({"config": plain}, sort_keys=False)
