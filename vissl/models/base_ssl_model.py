@@ -57,9 +57,13 @@ _EXPECTED_HEADS = (
 HeadSpec = tuple[str, dict[str, Any]]
 
 
+def _is_list(item: Any) -> bool:
+    return isinstance(item, Sequence) and not isinstance(item, str | bytes)
+
+
 def _is_module_spec(item: Any) -> bool:
     return (
-        isinstance(item, list | tuple)
+        _is_list(item)
         and len(item) in (1, 2)
         and isinstance(item[0], str)
         and (len(item) == 1 or item[1] is None or isinstance(item[1], Mapping))
@@ -67,7 +71,7 @@ def _is_module_spec(item: Any) -> bool:
 
 
 def _is_chain(item: Any) -> bool:
-    return isinstance(item, list | tuple) and len(item) > 0 and all(map(_is_module_spec, item))
+    return _is_list(item) and len(item) > 0 and all(map(_is_module_spec, item))
 
 
 def _to_spec(item: Sequence[Any]) -> HeadSpec:
@@ -86,7 +90,7 @@ def parse_head_params(params: Any) -> tuple[list[list[HeadSpec]], bool]:
     """
     if params is None:
         return [], False
-    if not isinstance(params, list | tuple):
+    if not _is_list(params):
         raise ConfigError(
             f"{_HEAD_KEY} must be a list; got {params!r}. {_EXPECTED_HEADS}", _HEAD_KEY
         )

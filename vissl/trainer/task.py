@@ -22,6 +22,7 @@ from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer
 from vissl.trainer.precision import Precision, build_precision
+from vissl.utils.checkpoint import get_rng_state, set_rng_state
 from vissl.utils.distributed import get_rank, get_world_size
 from vissl.utils.perf_stats import PerfStats
 
@@ -284,6 +285,7 @@ class SelfSupervisionTask:
             "hooks": {hook_name(h): h.state_dict() for h in self.hooks if hasattr(h, "state_dict")},
             "loss": self.loss.state_dict(),
             "amp": self.precision.state_dict(),
+            "rng": get_rng_state(),
         }
         return {
             "phase_idx": self.phase_idx,
@@ -306,6 +308,8 @@ class SelfSupervisionTask:
             self.optimizer.load_state_dict(classy["optimizer"])
         self.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
         self.precision.load_state_dict(classy.get("amp", {}))
+        if "rng" in classy:
+            set_rng_state(classy["rng"])
         from vissl.hooks.base import hook_name
 
         hook_states = classy.get("hooks", {})

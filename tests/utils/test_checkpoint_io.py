@@ -1,0 +1,89 @@
+"""Checkpoint files: atomic writes, the pointer, weights_only loads, RNG state."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from vissl.utils.checkpoint import (
+    CheckpointLoadError,
+    find_resume_checkpoint,
+    get_rng_state,
+    has_final_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+
+
+def test_save_moves_pointer_and_leaves_no_temp_files(tmp_path):
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {"w": torch.ones(2)})
+    save_checkpoint(str(tmp_path), "model_phase1.torch", {"w": torch.zeros(2)})
+    pointer = tmp_path / "checkpoint.torch"
+    assert os.readlink(pointer) == "model_phase1.torch"
+    assert torch.equal(load_checkpoint(str(pointer))["w"], torch.zeros(2))
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
+
+
+def test_failed_write_keeps_previous_checkpoint(tmp_path):
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {"w": torch.ones(2)})
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        save_checkpoint(str(tmp_path), "model_phase1.torch", {"w": Unpicklable()})
+    assert not (tmp_path / "model_phase1.torch").exists()
+    assert os.readlink(tmp_path / "checkpoint.torch") == "model_phase0.torch"
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
+
+
+def test_load_refuses_pickled_code(tmp_path):
+    path = tmp_path / "evil.torch"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    with open(path, "wb") as f:
+        pickle.dump({"x": Evil()}, f)
+    with pytest.raises(CheckpointLoadError, match="refuses"):
+        load_checkpoint(str(path))
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {"w": torch.ones(1000)})
+    data = (tmp_path / "model_phase0.torch").read_bytes()
+    (tmp_path / "model_phase0.torch").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointLoadError):
+        load_checkpoint(str(tmp_path / "model_phase0.torch"))
+
+
+def test_resume_lookup_and_final_detection(tmp_path):
+    assert find_resume_checkpoint(str(tmp_path)) is None
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {})
+    save_checkpoint(str(tmp_path), "model_iteration7.torch", {})
+    assert [k for k, _, _ in list_checkpoints(str(tmp_path))] == ["phase", "iteration"]
+    assert find_resume_checkpoint(str(tmp_path)).endswith("model_iteration7.torch")
+    assert find_resume_checkpoint(str(tmp_path), 2).endswith("model_phase0.torch")
+    assert not has_final_checkpoint(str(tmp_path))
+    save_checkpoint(str(tmp_path), "model_final_checkpoint_phase1.torch", {})
+    assert has_final_checkpoint(str(tmp_path))
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    state = get_rng_state()
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {"rng": state})
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_state(load_checkpoint(str(tmp_path / "checkpoint.torch"))["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
