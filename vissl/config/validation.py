@@ -129,14 +129,9 @@ NOT_IMPLEMENTED: dict[str, Any] = {
             "BASE_DATASET": "generic_ssl",
         }.items()
     },
-    "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING": False,
-    "MODEL.SINGLE_PASS_EVERY_CROP": False,
     "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP": [],
     "MODEL.MULTI_INPUT_HEAD_MAPPING": [],
-    "MODEL.INPUT_TYPE": "rgb",
-    "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP": [],
     "MODEL.WEIGHTS_INIT.PARAMS_FILE": "",
-    "MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS": False,
     "HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION": False,
     "HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY": False,
     "SLURM.USE_SLURM": False,
@@ -428,6 +423,17 @@ def check_values(cfg: Mapping[str, Any]) -> None:
                     f"config.DATA.{split}.LABEL_PATHS[{i}]={label_path!r} does not exist.",
                     f"config.DATA.{split}.LABEL_PATHS",
                 )
+    dist = cfg["DISTRIBUTED"]
+    if (
+        cfg["MODEL"]["ACTIVATION_CHECKPOINTING"]["USE_ACTIVATION_CHECKPOINTING"]
+        and int(dist["NUM_NODES"]) * int(dist["NUM_PROC_PER_NODE"]) > 1
+        and not dist["MANUAL_GRADIENT_REDUCTION"]
+    ):
+        raise ConfigError(
+            "config.MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING with several "
+            "processes needs config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True (as in VISSL).",
+            "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION",
+        )
     for i, hook in enumerate(cfg["HOOKS"]["CUSTOM_HOOKS"]):
         if not isinstance(hook, Mapping) or not isinstance(hook.get("name"), str):
             raise ConfigError(

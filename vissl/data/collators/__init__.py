@@ -21,6 +21,7 @@ def register_collator(name: str) -> Any:
 
 
 def get_collator(name: str) -> Any:
+    """The collate function registered as ``name`` (UnknownNameError lists the names)."""
     return COLLATOR_REGISTRY.get(name)
 
 

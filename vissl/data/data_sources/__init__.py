@@ -22,6 +22,7 @@ def register_data_source(name: str) -> Any:
 
 
 def get_data_source(name: str) -> Any:
+    """The data source class registered as ``name`` (UnknownNameError lists the names)."""
     return DATA_SOURCE_REGISTRY.get(name)
 
 
