@@ -39,14 +39,20 @@ def test_config_composes_and_validates(name):
 
 def test_group_file_composes_onto_pretrain_config():
     _, cfg = hydra_compose_and_validate(
-        ["config=pretrain/simclr/simclr_64gpu_resnet", "+config/pretrain/simclr/optimization=bs32_16nodes", *CPU_OVERRIDES[:2]]
+        [
+            "config=pretrain/simclr/simclr_64gpu_resnet",
+            "+config/pretrain/simclr/optimization=bs32_16nodes",
+            *CPU_OVERRIDES[:2],
+        ]
     )
     assert cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA == 32
     assert cfg.LOSS.simclr_info_nce_loss.buffer_params.effective_batch_size == 32 * 2 * 128
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["pretrain/simclr/simclr_8gpu_resnet", "pretrain/simclr/simclr_64gpu_resnet"])
+@pytest.mark.parametrize(
+    "name", ["pretrain/simclr/simclr_8gpu_resnet", "pretrain/simclr/simclr_64gpu_resnet"]
+)
 def test_real_scale_config_trains_one_step_on_cpu(tmp_path, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fp16 requested by nothing; bf16 autocast on CPU

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from vissl.errors import ConfigError
-from vissl.hooks import HOOK_REGISTRY, HookDispatcher, Priority, VisslHook, build_hook, register_hook
+from vissl.hooks import (
+    HOOK_REGISTRY,
+    HookDispatcher,
+    Priority,
+    VisslHook,
+    build_hook,
+    register_hook,
+)
 
 
 class Recorder(VisslHook):
@@ -22,7 +29,12 @@ class Recorder(VisslHook):
 
 def test_order_is_priority_then_registration():
     log: list[str] = []
-    hooks = [Recorder("a", log, 50), Recorder("b", log, 10), Recorder("c", log, 50), Recorder("d", log, 90)]
+    hooks = [
+        Recorder("a", log, 50),
+        Recorder("b", log, 10),
+        Recorder("c", log, 50),
+        Recorder("d", log, 90),
+    ]
     HookDispatcher(hooks).run("on_step", task=None)
     assert log == ["b", "a", "c", "d"]
 

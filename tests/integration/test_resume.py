@@ -34,8 +34,12 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
 
     crashed = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_config(TINY, *common, f"config.CHECKPOINT.DIR={crashed}",
-                   hook_generator=lambda cfg: [*default_hook_generator(cfg), FailAtPhase(1)])
+        run_config(
+            TINY,
+            *common,
+            f"config.CHECKPOINT.DIR={crashed}",
+            hook_generator=lambda cfg: [*default_hook_generator(cfg), FailAtPhase(1)],
+        )
     assert (crashed / "model_phase0.torch").exists()
     assert not list(crashed.glob("model_final*"))
     task = run_config(TINY, *common, f"config.CHECKPOINT.DIR={crashed}")

@@ -17,7 +17,12 @@ TOOL = os.path.join(REPO, "tools", "run_distributed_engines.py")
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
     return subprocess.run(
-        [sys.executable, TOOL, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+        [sys.executable, TOOL, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
     )
 
 
@@ -32,8 +37,14 @@ def test_cli_trains_and_writes_vissl_outputs(tmp_path):
         f"config.CHECKPOINT.DIR={out}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("log.txt", "stdout.json", "metrics.json", "train_config.yaml", "checkpoint.torch",
-                 "model_final_checkpoint_phase1.torch"):
+    for name in (
+        "log.txt",
+        "stdout.json",
+        "metrics.json",
+        "train_config.yaml",
+        "checkpoint.torch",
+        "model_final_checkpoint_phase1.torch",
+    ):
         assert (out / name).exists(), name
     assert glob.glob(str(out / "tensorboard" / "events.out.tfevents.*"))
     records = read_jsonl(str(out / "stdout.json"))
@@ -47,8 +58,11 @@ def test_cli_trains_and_writes_vissl_outputs(tmp_path):
 
 @pytest.mark.integration
 def test_cli_misspelt_step_and_key_are_clear_errors(tmp_path):
-    proc = run_tool("config=test/cpu_test/tiny_simclr", "config.TRAINER.TRAIN_STEP_NAME=standard_step",
-                    f"config.CHECKPOINT.DIR={tmp_path}")
+    proc = run_tool(
+        "config=test/cpu_test/tiny_simclr",
+        "config.TRAINER.TRAIN_STEP_NAME=standard_step",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
     assert proc.returncode == 2
     assert "Did you mean 'standard_train_step'?" in proc.stderr
     proc = run_tool("config=test/cpu_test/tiny_simclr", "config.OPTIMIZER.num_epoch=3")

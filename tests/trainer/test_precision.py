@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from vissl.errors import ConfigError
-from vissl.trainer.precision import AutocastPrecision, GradScalerPrecision, Precision, build_precision
+from vissl.trainer.precision import (
+    AutocastPrecision,
+    GradScalerPrecision,
+    Precision,
+    build_precision,
+)
 
 CPU = torch.device("cpu")
 
@@ -44,7 +49,9 @@ def test_bad_amp_type_names_key():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fp16_grad_scaler_on_cuda_round_trips_state():
-    p = build_precision({"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_DTYPE": "float16"}, torch.device("cuda"))
+    p = build_precision(
+        {"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_DTYPE": "float16"}, torch.device("cuda")
+    )
     assert isinstance(p, GradScalerPrecision)
     model = torch.nn.Linear(4, 1).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -53,6 +60,8 @@ def test_fp16_grad_scaler_on_cuda_round_trips_state():
     p.backward(loss)
     p.step(opt)
     state = p.state_dict()
-    q = build_precision({"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_DTYPE": "float16"}, torch.device("cuda"))
+    q = build_precision(
+        {"USE_AMP": True, "AMP_TYPE": "pytorch", "AMP_DTYPE": "float16"}, torch.device("cuda")
+    )
     q.load_state_dict(state)
     assert q.grad_scaler.get_scale() == p.grad_scaler.get_scale()

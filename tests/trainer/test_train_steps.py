@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
-import pytest
 
 from tests.integration._runs import read_jsonl, run_config
 from vissl.errors import UnknownNameError
@@ -39,7 +39,11 @@ def test_unknown_step_names_standard_step():
 
 def test_misspelt_step_in_config_stops_the_run(tmp_path):
     with pytest.raises(UnknownNameError, match="Did you mean 'standard_train_step'"):
-        run_config(TINY, "config.TRAINER.TRAIN_STEP_NAME=standard_trian_step", f"config.CHECKPOINT.DIR={tmp_path}")
+        run_config(
+            TINY,
+            "config.TRAINER.TRAIN_STEP_NAME=standard_trian_step",
+            f"config.CHECKPOINT.DIR={tmp_path}",
+        )
 
 
 def test_section_order_with_hooks(tmp_path):
@@ -93,9 +97,18 @@ def test_section_order_with_hooks(tmp_path):
     finally:
         TRAIN_STEP_REGISTRY.unregister("test_recording_step")
     one_step = [
-        "read_sample", "forward", "on_forward", "loss_compute", "loss_all_reduce",
-        "meters_update", "on_loss_and_meter", "backward", "on_backward",
-        "optimizer_step", "on_update", "on_step",
+        "read_sample",
+        "forward",
+        "on_forward",
+        "loss_compute",
+        "loss_all_reduce",
+        "meters_update",
+        "on_loss_and_meter",
+        "backward",
+        "on_backward",
+        "optimizer_step",
+        "on_update",
+        "on_step",
     ]
     # 4 samples, batch 4: one step, then read_sample hits the end of the data.
     assert log == ["on_start", "on_phase_start", *one_step, "read_sample", "on_phase_end", "on_end"]

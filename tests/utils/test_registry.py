@@ -106,18 +106,32 @@ def test_every_plugin_kind_uses_the_registry():
     from vissl.trainer.train_steps import TRAIN_STEP_REGISTRY
 
     registries = [
-        COLLATOR_REGISTRY, DATA_SOURCE_REGISTRY, TRANSFORM_REGISTRY, ENGINE_REGISTRY,
-        HOOK_REGISTRY, LOSS_REGISTRY, METER_REGISTRY, MODEL_REGISTRY, MODEL_HEADS_REGISTRY,
-        MODEL_TRUNKS_REGISTRY, OPTIMIZER_REGISTRY, PARAM_SCHEDULER_REGISTRY, TRAIN_STEP_REGISTRY,
+        COLLATOR_REGISTRY,
+        DATA_SOURCE_REGISTRY,
+        TRANSFORM_REGISTRY,
+        ENGINE_REGISTRY,
+        HOOK_REGISTRY,
+        LOSS_REGISTRY,
+        METER_REGISTRY,
+        MODEL_REGISTRY,
+        MODEL_HEADS_REGISTRY,
+        MODEL_TRUNKS_REGISTRY,
+        OPTIMIZER_REGISTRY,
+        PARAM_SCHEDULER_REGISTRY,
+        TRAIN_STEP_REGISTRY,
     ]
     assert all(isinstance(r, Registry) for r in registries)
     assert "standard_train_step" in TRAIN_STEP_REGISTRY
     assert {"resnet", "regnet"} <= set(MODEL_TRUNKS_REGISTRY)
     assert {"mlp", "identity"} <= set(MODEL_HEADS_REGISTRY)
-    assert {"simclr_info_nce_loss", "cross_entropy_multiple_output_single_target"} <= set(LOSS_REGISTRY)
+    assert {"simclr_info_nce_loss", "cross_entropy_multiple_output_single_target"} <= set(
+        LOSS_REGISTRY
+    )
     assert {"synthetic", "disk_folder", "disk_filelist", "digits"} <= set(DATA_SOURCE_REGISTRY)
     assert {"default_collate", "simclr_collator", "multicrop_collator"} <= set(COLLATOR_REGISTRY)
     assert {"sgd", "adam", "adamw"} <= set(OPTIMIZER_REGISTRY)
-    assert {"composite", "cosine", "linear", "multistep", "constant"} <= set(PARAM_SCHEDULER_REGISTRY)
+    assert {"composite", "cosine", "linear", "multistep", "constant"} <= set(
+        PARAM_SCHEDULER_REGISTRY
+    )
     assert "accuracy_list_meter" in METER_REGISTRY
     assert "train" in ENGINE_REGISTRY

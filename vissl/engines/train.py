@@ -71,5 +71,11 @@ class TrainEngine(Engine):
         hook_generator: Callable[[Any], list[Any]],
     ) -> Any:
         return train_main(
-            cfg, dist_run_id, checkpoint_path, checkpoint_folder, local_rank, node_id, hook_generator
+            cfg,
+            dist_run_id,
+            checkpoint_path,
+            checkpoint_folder,
+            local_rank,
+            node_id,
+            hook_generator,
         )

@@ -49,7 +49,9 @@ class LogMetricsHook(VisslHook):
                 logger.info("%s %s: %s", split, meter.name, value)
         self.last_metrics = record
         if is_primary():
-            with open(os.path.join(self.checkpoint_folder, "metrics.json"), "a", encoding="utf-8") as f:
+            with open(
+                os.path.join(self.checkpoint_folder, "metrics.json"), "a", encoding="utf-8"
+            ) as f:
                 f.write(json.dumps(record) + "\n")
 
 
@@ -61,7 +63,9 @@ class CheckpointHook(VisslHook):
 
     priority = Priority.LOW + 10  # after logging and metrics, before nothing else
 
-    def __init__(self, checkpoint_folder: str, phase_frequency: int = 1, iter_frequency: int = -1) -> None:
+    def __init__(
+        self, checkpoint_folder: str, phase_frequency: int = 1, iter_frequency: int = -1
+    ) -> None:
         self.checkpoint_folder = checkpoint_folder
         self.phase_frequency = max(1, int(phase_frequency))
         self.iter_frequency = int(iter_frequency)

@@ -42,14 +42,18 @@ class LogLossLrEtaHook(VisslHook):
 
     priority = Priority.LOW
 
-    def __init__(self, checkpoint_folder: str, progress_bar: bool = True, rolling_btime_freq: int = -1) -> None:
+    def __init__(
+        self, checkpoint_folder: str, progress_bar: bool = True, rolling_btime_freq: int = -1
+    ) -> None:
         self.checkpoint_folder = checkpoint_folder
         self.progress_bar = progress_bar
         self.rolling_btime_freq = rolling_btime_freq
         self._bar: Any = None
         self._start_time = 0.0
         self._last_time = 0.0
-        self._step_times: deque[float] = deque(maxlen=max(1, rolling_btime_freq) if rolling_btime_freq > 0 else 50)
+        self._step_times: deque[float] = deque(
+            maxlen=max(1, rolling_btime_freq) if rolling_btime_freq > 0 else 50
+        )
         self._train_start_iteration = 0
         self._train_start_time = 0.0
 
@@ -70,7 +74,9 @@ class LogLossLrEtaHook(VisslHook):
                 if task.train
                 else f"test after ep {task.train_phase_idx + 1}"
             )
-            self._bar = tqdm(total=total, desc=desc, dynamic_ncols=True, leave=True, mininterval=0.5)
+            self._bar = tqdm(
+                total=total, desc=desc, dynamic_ncols=True, leave=True, mininterval=0.5
+            )
 
     def _eta_seconds(self, task: Any) -> float:
         done = task.iteration - self._train_start_iteration
@@ -103,9 +109,7 @@ class LogLossLrEtaHook(VisslHook):
             record[key] = _to_float(value)
         if task.train:
             eta = self._eta_seconds(task)
-            record["eta"] = (
-                str(datetime.timedelta(seconds=int(eta))) if eta == eta else "unknown"
-            )
+            record["eta"] = str(datetime.timedelta(seconds=int(eta))) if eta == eta else "unknown"
         if task.device.type == "cuda":
             record["peak_mem(M)"] = round(torch.cuda.max_memory_allocated(task.device) / 2**20, 1)
         if task.train:
@@ -125,12 +129,18 @@ class LogLossLrEtaHook(VisslHook):
                 btime_ms,
                 record["eta"],
             )
-            with open(os.path.join(self.checkpoint_folder, "stdout.json"), "a", encoding="utf-8") as f:
+            with open(
+                os.path.join(self.checkpoint_folder, "stdout.json"), "a", encoding="utf-8"
+            ) as f:
                 f.write(json.dumps(record) + "\n")
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.4g}", refresh=False)
         if self.rolling_btime_freq > 0 and task.iteration % self.rolling_btime_freq == 0:
-            logger.info("rolling average batch time over %d iterations: %.1f ms", len(self._step_times), btime_ms)
+            logger.info(
+                "rolling average batch time over %d iterations: %.1f ms",
+                len(self._step_times),
+                btime_ms,
+            )
 
     def on_phase_end(self, task: Any) -> None:
         if self._bar is not None:

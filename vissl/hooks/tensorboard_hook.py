@@ -65,7 +65,11 @@ class SSLTensorboardHook(VisslHook):
         step = task.iteration
         self.writer.add_scalar("Losses/train_loss", float(task.last_batch.loss), step)
         self.writer.add_scalar("Learning_rate/train", current_lr(task), step)
-        self.writer.add_scalar("Speed/Batch_processing_time_ms", 1000.0 * (now - self._last) / max(1, self._steps), step)
+        self.writer.add_scalar(
+            "Speed/Batch_processing_time_ms",
+            1000.0 * (now - self._last) / max(1, self._steps),
+            step,
+        )
         for key, value in task.additional_log_data.items():
             self.writer.add_scalar(f"Losses/train_{key}", float(value), step)
         self._last, self._steps = now, 0
@@ -77,9 +81,13 @@ class SSLTensorboardHook(VisslHook):
             return
         for name, param in task.base_model.named_parameters():
             if self.log_params:
-                self.writer.add_histogram(f"Parameters/{name}", param.detach().float().cpu(), task.iteration)
+                self.writer.add_histogram(
+                    f"Parameters/{name}", param.detach().float().cpu(), task.iteration
+                )
             if self.log_params_gradients and param.grad is not None:
-                self.writer.add_histogram(f"Gradients/{name}", param.grad.detach().float().cpu(), task.iteration)
+                self.writer.add_histogram(
+                    f"Gradients/{name}", param.grad.detach().float().cpu(), task.iteration
+                )
 
     def on_phase_end(self, task: Any) -> None:
         if self.writer is None:
@@ -91,10 +99,14 @@ class SSLTensorboardHook(VisslHook):
             value = meter.value
             if isinstance(value, dict):
                 for metric, per_output in value.items():
-                    items = per_output.items() if isinstance(per_output, dict) else [(0, per_output)]
+                    items = (
+                        per_output.items() if isinstance(per_output, dict) else [(0, per_output)]
+                    )
                     for out_name, v in items:
                         try:
-                            self.writer.add_scalar(f"Meters/{split}_{meter.name}/{metric}/{out_name}", float(v), phase)
+                            self.writer.add_scalar(
+                                f"Meters/{split}_{meter.name}/{metric}/{out_name}", float(v), phase
+                            )
                         except (TypeError, ValueError):
                             pass
         if task.train and self.log_params:

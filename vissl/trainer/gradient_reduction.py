@@ -83,7 +83,10 @@ class ManualReduction(DDPReduction):
         bucket: list[torch.Tensor] = []
         size = 0
         for g in grads:
-            if bucket and (size + g.numel() * g.element_size() > self._bucket_bytes or g.dtype != bucket[0].dtype):
+            if bucket and (
+                size + g.numel() * g.element_size() > self._bucket_bytes
+                or g.dtype != bucket[0].dtype
+            ):
                 yield bucket
                 bucket, size = [], 0
             bucket.append(g)

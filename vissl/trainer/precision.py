@@ -27,7 +27,12 @@ from vissl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPES = {
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 class Precision:

@@ -268,9 +268,7 @@ class SelfSupervisionTask:
         model_state = self.base_model.state_dict()
         trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
         heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
-        other = {
-            k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))
-        }
+        other = {k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))}
         from vissl.hooks.base import hook_name
 
         classy_state = {

@@ -76,7 +76,9 @@ class SelfSupervisionTrainer:
         task = self.build_task()
         self.task = task
         if is_primary():
-            logger.info("train step %r; %s", self.cfg.TRAINER.TRAIN_STEP_NAME, task.dispatcher.describe())
+            logger.info(
+                "train step %r; %s", self.cfg.TRAINER.TRAIN_STEP_NAME, task.dispatcher.describe()
+            )
         clear_freq = (
             int(self.cfg.MODEL.CUDA_CACHE.CLEAR_FREQ)
             if self.cfg.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE and device_is_cuda(self.device)
@@ -123,9 +125,9 @@ class SelfSupervisionTrainer:
             task.train_phase_idx += 1
         split = "TRAIN" if task.train else "TEST"
         loader = task.dataloaders[split]
-        sampler = getattr(loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(task.phase_idx)
+        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(task.phase_idx)
         task.data_iterator = iter(loader)
         task.data_and_label_keys = {
             "input": list(self.cfg.DATA[split].INPUT_KEY_NAMES),

@@ -145,14 +145,15 @@ def find_resume_checkpoint(folder: str, nth_latest: int = 1) -> str | None:
 # ---------------------------------------------------------------------- RNG state
 def get_rng_state() -> dict[str, Any]:
     """Python, numpy, torch (and CUDA) RNG states as tensors and plain containers."""
-    np_state = np.random.get_state()
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)  # type: ignore[misc]
+    version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
-        "python": list(random.getstate()[1]) + [random.getstate()[0], random.getstate()[2]],
+        "python": [*internal, version, gauss_next],
         "numpy": {
-            "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
         },
         "torch": torch.get_rng_state(),
     }

@@ -71,8 +71,10 @@ def _init_method(method: str, run_id: str) -> str:
 
 def _check_backend(cfg: Any, world_size: int) -> str:
     backend = cfg.DISTRIBUTED.BACKEND
-    if world_size > 1 and backend == "nccl" and (
-        cfg.MACHINE.DEVICE == "cpu" or not torch.cuda.is_available()
+    if (
+        world_size > 1
+        and backend == "nccl"
+        and (cfg.MACHINE.DEVICE == "cpu" or not torch.cuda.is_available())
     ):
         raise ConfigError(
             "config.DISTRIBUTED.BACKEND=nccl needs CUDA GPUs, but "
@@ -173,7 +175,16 @@ def launch_distributed(
             with open(os.path.join(folder, "train_config.yaml"), "w", encoding="utf-8") as f:
                 f.write(config_to_yaml(cfg))
 
-    args = (cfg, node_id, world_size, dist_run_id, engine_name, checkpoint_path, folder, hook_generator)
+    args = (
+        cfg,
+        node_id,
+        world_size,
+        dist_run_id,
+        engine_name,
+        checkpoint_path,
+        folder,
+        hook_generator,
+    )
     if world_size == 1:
         return _distributed_worker(0, *args)
     mp.start_processes(

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 _OVERRIDE_KEY = re.compile(r"^[+~]{0,2}(config(?:\.[\w\-\[\]]+)+)=")
 
 
-def _unknown_override(overrides: Sequence[str], err: Exception) -> UnknownKeyError | None:
+def _unknown_override(overrides: Sequence[str], err: BaseException) -> UnknownKeyError | None:
     text = str(err)
     for override in overrides:
         m = _OVERRIDE_KEY.match(override)

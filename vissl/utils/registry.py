@@ -67,9 +67,7 @@ class Registry(Generic[T]):
         base: optional base class a registered class must subclass.
     """
 
-    def __init__(
-        self, name: str, config_key: str | None = None, base: type | None = None
-    ) -> None:
+    def __init__(self, name: str, config_key: str | None = None, base: type | None = None) -> None:
         self.name = name
         self.config_key = config_key
         self.base = base
@@ -110,9 +108,7 @@ class Registry(Generic[T]):
                 f"Cannot register {obj!r} in the {self.name!r} registry: "
                 "give a non-empty string name."
             )
-        if self.base is not None and not (
-            isinstance(obj, type) and issubclass(obj, self.base)
-        ):
+        if self.base is not None and not (isinstance(obj, type) and issubclass(obj, self.base)):
             raise TypeError(
                 f"Cannot register {obj!r} as {self.name} {key!r}: it must be a "
                 f"subclass of {self.base.__module__}.{self.base.__qualname__}."

@@ -55,7 +55,9 @@ def spawn_gloo(
         results = manager.dict()
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
-            ctx.Process(target=_worker, args=(r, world_size, init_file, fn, args, results))
+            ctx.Process(  # type: ignore[attr-defined]
+                target=_worker, args=(r, world_size, init_file, fn, args, results)
+            )
             for r in range(world_size)
         ]
         for p in procs:

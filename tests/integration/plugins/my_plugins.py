@@ -16,7 +16,9 @@ from vissl.utils.distributed import get_rank
 def counting_train_step(task):
     """Wraps the standard step and counts its calls."""
     task = get_train_step("standard_train_step")(task)
-    task.additional_log_data["custom_step_calls"] = task.additional_log_data.get("custom_step_calls", 0) + 1
+    task.additional_log_data["custom_step_calls"] = (
+        task.additional_log_data.get("custom_step_calls", 0) + 1
+    )
     task.custom_step_calls = getattr(task, "custom_step_calls", 0) + 1
     return task
 
@@ -63,4 +65,7 @@ class EventCounter(VisslHook):
         self._bump("on_end")
         out = os.path.join(task.checkpoint_folder, f"{self.out_name}_rank{get_rank()}.json")
         with open(out, "w") as f:
-            json.dump({"counts": self.counts, "custom_step_calls": getattr(task, "custom_step_calls", 0)}, f)
+            json.dump(
+                {"counts": self.counts, "custom_step_calls": getattr(task, "custom_step_calls", 0)},
+                f,
+            )

@@ -36,7 +36,7 @@ def register_train_step(name: str) -> Callable[[Any], Any]:
 
     def decorator(obj: Any) -> Any:
         if isinstance(obj, type):
-            if not callable(getattr(obj, "__call__", None)) or obj.__call__ is type.__call__:
+            if not any("__call__" in vars(klass) for klass in obj.__mro__[:-1]):
                 raise TypeError(
                     f"train step class {obj.__qualname__} must define __call__(self, task) -> task"
                 )

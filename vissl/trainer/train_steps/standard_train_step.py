@@ -87,7 +87,12 @@ def construct_sample_for_model(batch: Mapping[str, Any], task: Any) -> dict[str,
     if "data_valid" in batch:
         sample["data_valid"] = batch["data_valid"][0]
     for key, value in batch.items():
-        if key not in sample and key not in input_keys and key not in target_keys and key != "data_valid":
+        if (
+            key not in sample
+            and key not in input_keys
+            and key not in target_keys
+            and key != "data_valid"
+        ):
             sample[key] = value
     return sample
 
@@ -172,7 +177,11 @@ class StandardTrainStep:
         extras = task.last_batch.loss_extras
         if extras:
             values = torch.stack(
-                [local_loss.detach().float()] + [torch.as_tensor(v).detach().float().to(local_loss.device) for v in extras.values()]
+                [local_loss.detach().float()]
+                + [
+                    torch.as_tensor(v).detach().float().to(local_loss.device)
+                    for v in extras.values()
+                ]
             )
             all_reduce_mean(values)
             task.last_batch.loss = values[0]
