@@ -36,3 +36,14 @@ class UnknownNameError(VisslError, KeyError):
 
 class DuplicateNameError(VisslError, ValueError):
     """A second registration under a name that is already taken."""
+
+
+class TrainingPreempted(VisslError):
+    """Training stopped on SIGTERM/SIGUSR1 after saving a checkpoint.
+
+    The process exits with :attr:`exit_code` (75, ``EX_TEMPFAIL``: "try again"), so a
+    scheduler can requeue the job; with ``CHECKPOINT.AUTO_RESUME`` the requeued run
+    continues from the checkpoint.
+    """
+
+    exit_code = 75

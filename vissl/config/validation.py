@@ -125,18 +125,15 @@ NOT_IMPLEMENTED: dict[str, Any] = {
             "COPY_TO_LOCAL_DISK": False,
             "ENABLE_QUEUE_DATASET": False,
             "USE_DEBUGGING_SAMPLER": False,
-            "USE_STATEFUL_DISTRIBUTED_SAMPLER": False,
             "BASE_DATASET": "generic_ssl",
         }.items()
     },
     "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP": [],
     "MODEL.MULTI_INPUT_HEAD_MAPPING": [],
-    "MODEL.WEIGHTS_INIT.PARAMS_FILE": "",
     "HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION": False,
     "HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY": False,
     "SLURM.USE_SLURM": False,
     "CHECKPOINT.BACKEND": "disk",
-    "CHECKPOINT.APPEND_DISTR_RUN_ID": False,
 }
 
 _EXTRA_DEFAULTS: dict[str, Any] = {}

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
 from vissl.config.attr_dict import AttrDict
 from vissl.data.collators import COLLATOR_REGISTRY, get_collator, register_collator
 from vissl.data.data_helper import split_cfg_value
 from vissl.data.data_sources import DATA_SOURCE_REGISTRY, get_data_source, register_data_source
+from vissl.data.samplers import SampleKey, StatefulDistributedSampler
 from vissl.data.ssl_dataset import GenericSSLDataset
 from vissl.data.ssl_transforms import (
     TRANSFORM_REGISTRY,
@@ -39,6 +39,8 @@ __all__ = [
     "DATA_SOURCE_REGISTRY",
     "TRANSFORM_REGISTRY",
     "GenericSSLDataset",
+    "SampleKey",
+    "StatefulDistributedSampler",
     "build_collate_fn",
     "build_dataset",
     "build_transforms",
@@ -154,17 +156,22 @@ def get_loader(
     if not 0 <= rank < num_replicas:
         raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
 
-    for key in ("USE_STATEFUL_DISTRIBUTED_SAMPLER", "USE_DEBUGGING_SAMPLER"):
-        if split_cfg_value(split_cfg, key, False):
-            logger.warning(
-                "config.DATA.%s.%s is not supported yet; using DistributedSampler.", split, key
-            )
-    sampler: DistributedSampler[Any] = DistributedSampler(
+    if split_cfg_value(split_cfg, "USE_DEBUGGING_SAMPLER", False):
+        logger.warning(
+            "config.DATA.%s.USE_DEBUGGING_SAMPLER is not supported yet; using the stateful "
+            "distributed sampler.",
+            split,
+        )
+    # Always stateful (USE_STATEFUL_DISTRIBUTED_SAMPLER is implied): the order comes from
+    # (seed, epoch), a resumed run can start mid-epoch, and augmentations are seeded per
+    # sample from (seed, epoch, index).
+    sampler = StatefulDistributedSampler(
         dataset,
         num_replicas=num_replicas,
         rank=rank,
         shuffle=split == "TRAIN",
         seed=seed,
+        batch_size=batch_size,
     )
     loader_kwargs: dict[str, Any] = {}
     if num_workers > 0:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import random
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from vissl.config.attr_dict import AttrDict
@@ -17,6 +20,7 @@ from vissl.data.data_helper import (
     unbalanced_sub_sampling,
 )
 from vissl.data.data_sources import get_data_source
+from vissl.data.samplers import SampleKey, sample_seed
 from vissl.data.ssl_transforms import build_transforms
 from vissl.errors import ConfigError
 from vissl.utils.distributed import get_world_size
@@ -56,6 +60,21 @@ def _numeric_labels(labels: np.ndarray) -> np.ndarray:
     return labels
 
 
+@contextlib.contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Seed python, numpy and torch (CPU) RNGs for a block, then restore their states."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
 class GenericSSLDataset(Dataset[dict[str, Any]]):
     """VISSL's dataset: one sample per index, one entry per data source.
 
@@ -82,6 +101,7 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
     """
 
     def __init__(self, cfg: AttrDict, split: str) -> None:
+        self.seed = int(cfg.get("SEED_VALUE", 0))
         super().__init__()
         if "DATA" not in cfg or split not in cfg["DATA"]:
             raise ConfigError(
@@ -315,9 +335,22 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
             return [0] * n
         return [NO_LABEL if own is None else _to_label(own[subset_idx]) for own in self._own_labels]
 
-    def __getitem__(self, idx: int) -> dict[str, Any]:
-        """The transformed sample dict of index ``idx`` (see the class docstring)."""
-        idx = int(idx)
+    def __getitem__(self, key: int | SampleKey) -> dict[str, Any]:
+        """The transformed sample dict of index ``key`` (see the class docstring).
+
+        ``key`` is an index, or a :class:`~vissl.data.samplers.SampleKey` ``(index, epoch)``
+        from the stateful sampler: then the augmentations are drawn from a generator seeded
+        by ``(SEED_VALUE, epoch, index)``, so they do not depend on the worker, the number
+        of workers or the process, and a resumed run repeats them exactly. The global RNG
+        state of the calling process is left untouched.
+        """
+        if isinstance(key, tuple):
+            idx, epoch = int(key[0]), int(key[1])
+            with seeded_rng(sample_seed(self.seed, epoch, idx)):
+                return self._get_sample(idx)
+        return self._get_sample(int(key))
+
+    def _get_sample(self, idx: int) -> dict[str, Any]:
         if not 0 <= idx < len(self):
             raise IndexError(f"index {idx} out of range for a dataset of {len(self)} samples")
         subset_idx = int(self.sub_set[idx]) if self.sub_set is not None else idx

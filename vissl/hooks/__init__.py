@@ -115,6 +115,7 @@ def default_hook_generator(cfg: Any) -> list[Any]:
             folder,
             phase_frequency=int(cfg.CHECKPOINT.CHECKPOINT_FREQUENCY),
             iter_frequency=int(cfg.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY),
+            keep_last=int(cfg.CHECKPOINT.KEEP_LAST_N_CHECKPOINTS),
         )
     )
     for i, spec in enumerate(cfg.HOOKS.CUSTOM_HOOKS):

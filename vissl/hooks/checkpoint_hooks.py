@@ -7,8 +7,10 @@ import logging
 import os
 from typing import Any
 
+import torch
+
 from vissl.hooks.base import Priority, VisslHook
-from vissl.utils.checkpoint import save_checkpoint
+from vissl.utils.checkpoint import prune_checkpoints, remove_stale_temporary_files, save_checkpoint
 from vissl.utils.distributed import barrier, is_primary
 
 logger = logging.getLogger(__name__)
@@ -55,26 +57,73 @@ class LogMetricsHook(VisslHook):
                 f.write(json.dumps(record) + "\n")
 
 
+def _non_finite_parameters(task: Any) -> list[str]:
+    """Names of parameters/buffers with NaN or Inf (one device read for the whole model)."""
+    named = [(n, t) for n, t in task.base_model.state_dict().items() if t.is_floating_point()]
+    if not named:
+        return []
+    flags = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
+    return [n for (n, _), ok in zip(named, flags, strict=True) if not ok]
+
+
+def save_task_checkpoint(
+    task: Any, folder: str, filename: str, phase_complete: bool = True, keep_last: int = -1
+) -> str | None:
+    """Write ``task``'s state as ``folder/filename`` (collective; rank 0 writes).
+
+    Never writes from non-finite weights: raises ``FloatingPointError`` naming them, and
+    the previous checkpoint stays the newest.
+    """
+    bad = _non_finite_parameters(task)
+    if bad:
+        raise FloatingPointError(
+            f"refusing to write {filename}: non-finite values in {bad[:10]} at iteration "
+            f"{task.iteration}. The previous checkpoint is kept; resume from it with a lower "
+            "learning rate."
+        )
+    state = task.state_dict(phase_complete=phase_complete)  # collective
+    path = None
+    if is_primary():
+        path = save_checkpoint(folder, filename, state)
+        removed = prune_checkpoints(folder, keep_last, protect=filename)
+        if removed:
+            logger.info("removed old checkpoints %s (CHECKPOINT.KEEP_LAST_N_CHECKPOINTS)", removed)
+    barrier()
+    return path
+
+
 class CheckpointHook(VisslHook):
     """Save checkpoints: every CHECKPOINT_FREQUENCY train phases, the last train phase
     always (as ``model_final_checkpoint_phase{N}.torch``), and every
     CHECKPOINT_ITER_FREQUENCY iterations when > 0. Rank 0 writes; others wait.
+    ``keep_last`` > 0 keeps only that many intermediate checkpoints.
     """
 
-    priority = Priority.LOW + 10  # after logging and metrics, before nothing else
+    priority = Priority.LOW + 10  # after logging and metrics
 
     def __init__(
-        self, checkpoint_folder: str, phase_frequency: int = 1, iter_frequency: int = -1
+        self,
+        checkpoint_folder: str,
+        phase_frequency: int = 1,
+        iter_frequency: int = -1,
+        keep_last: int = -1,
     ) -> None:
         self.checkpoint_folder = checkpoint_folder
         self.phase_frequency = max(1, int(phase_frequency))
         self.iter_frequency = int(iter_frequency)
+        self.keep_last = int(keep_last)
         self.saved: list[str] = []
 
-    def _save(self, task: Any, filename: str) -> None:
+    def on_start(self, task: Any) -> None:
         if is_primary():
-            self.saved.append(save_checkpoint(self.checkpoint_folder, filename, task.state_dict()))
-        barrier()
+            remove_stale_temporary_files(self.checkpoint_folder)
+
+    def _save(self, task: Any, filename: str, phase_complete: bool) -> None:
+        path = save_task_checkpoint(
+            task, self.checkpoint_folder, filename, phase_complete, keep_last=self.keep_last
+        )
+        if path:
+            self.saved.append(path)
 
     def on_step(self, task: Any) -> None:
         if (
@@ -83,13 +132,13 @@ class CheckpointHook(VisslHook):
             and task.iteration % self.iter_frequency == 0
             and task.iteration < task.max_iteration
         ):
-            self._save(task, f"model_iteration{task.iteration}.torch")
+            self._save(task, f"model_iteration{task.iteration}.torch", phase_complete=False)
 
     def on_phase_end(self, task: Any) -> None:
         if not task.train:
             return
         is_last = task.train_phase_idx + 1 == task.num_train_phases
         if is_last:
-            self._save(task, f"model_final_checkpoint_phase{task.phase_idx}.torch")
+            self._save(task, f"model_final_checkpoint_phase{task.phase_idx}.torch", True)
         elif (task.train_phase_idx + 1) % self.phase_frequency == 0:
-            self._save(task, f"model_phase{task.phase_idx}.torch")
+            self._save(task, f"model_phase{task.phase_idx}.torch", True)

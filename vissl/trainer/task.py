@@ -23,7 +23,7 @@ from vissl.hooks.base import HookDispatcher
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer
 from vissl.trainer.precision import Precision, build_precision
 from vissl.utils.checkpoint import get_rng_state, set_rng_state
-from vissl.utils.distributed import get_rank, get_world_size
+from vissl.utils.distributed import all_gather_object, get_rank, get_world_size
 from vissl.utils.perf_stats import PerfStats
 
 logger = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ class SelfSupervisionTask:
         self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
         self._phase_loss_sum: torch.Tensor | None = None
         self._phase_loss_count = 0
+        self.pending_resume: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ building
     @property
@@ -263,18 +264,37 @@ class SelfSupervisionTask:
         return float(self._phase_loss_sum.item()) / self._phase_loss_count
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume, as tensors and plain containers (VISSL's layout)."""
+    def _rank_state(self) -> dict[str, Any]:
+        """This rank's own state: RNGs and meter partial sums (gathered to rank 0)."""
+        meters = []
+        for m in self.meters:
+            state = m.state_dict() if hasattr(m, "state_dict") else {}
+            meters.append(_to_cpu(state))
+        return {"rng": get_rng_state(), "meters": meters}
+
+    def state_dict(self, phase_complete: bool = True) -> dict[str, Any]:
+        """Everything needed to resume, as tensors and plain containers (VISSL's layout).
+
+        Collective with several processes (every rank must call it): per-rank RNG and
+        meter states are gathered into ``classy_state_dict["per_rank"]``.
+
+        Args:
+            phase_complete: True at a phase end; False for an iteration checkpoint, which
+                resumes inside the phase, after ``local_iteration_num`` batches.
+        """
+        from vissl.hooks.base import hook_name
+        from vissl.utils.hydra_config import config_to_yaml
+
         model_state = self.base_model.state_dict()
         trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
         heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
         other = {k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))}
-        from vissl.hooks.base import hook_name
-
+        per_rank: list[dict[str, Any]] = all_gather_object(self._rank_state())  # type: ignore[assignment]
+        loss_sum = float(self._phase_loss_sum.item()) if self._phase_loss_sum is not None else 0.0
         classy_state = {
             "train": self.train,
             "base_model": {"model": {"trunk": trunk, "heads": heads, "other": other}, "meta": {}},
-            "meters": [m.state_dict() for m in self.meters if hasattr(m, "state_dict")],
+            "meters": per_rank[0]["meters"],
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
             "phase_idx": self.phase_idx,
             "train_phase_idx": self.train_phase_idx,
@@ -283,7 +303,10 @@ class SelfSupervisionTask:
             "hooks": {hook_name(h): h.state_dict() for h in self.hooks if hasattr(h, "state_dict")},
             "loss": self.loss.state_dict(),
             "amp": self.precision.state_dict(),
-            "rng": get_rng_state(),
+            "phase_complete": phase_complete,
+            "phase_loss": {"sum": loss_sum, "count": self._phase_loss_count},
+            "world_size": get_world_size(),
+            "per_rank": per_rank,
         }
         return {
             "phase_idx": self.phase_idx,
@@ -291,11 +314,18 @@ class SelfSupervisionTask:
             "train_phase_idx": self.train_phase_idx,
             "iteration_num": self.local_iteration_num,
             "loss": self.loss.state_dict(),
+            "config": config_to_yaml(self.config),
             "classy_state_dict": classy_state,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint written by :meth:`state_dict` (phase boundary)."""
+        """Restore a checkpoint written by :meth:`state_dict`.
+
+        A phase-end checkpoint resumes at the next phase. An iteration checkpoint re-enters
+        its phase and skips the batches already trained on (see :attr:`pending_resume`).
+        """
+        from vissl.hooks.base import hook_name
+
         classy = state["classy_state_dict"]
         model = classy["base_model"]["model"]
         full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
@@ -306,10 +336,6 @@ class SelfSupervisionTask:
             self.optimizer.load_state_dict(classy["optimizer"])
         self.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
         self.precision.load_state_dict(classy.get("amp", {}))
-        if "rng" in classy:
-            set_rng_state(classy["rng"])
-        from vissl.hooks.base import hook_name
-
         hook_states = classy.get("hooks", {})
         for h in self.hooks:
             if hook_name(h) in hook_states and hasattr(h, "load_state_dict"):
@@ -318,3 +344,60 @@ class SelfSupervisionTask:
         self.train_phase_idx = int(classy["train_phase_idx"])
         self.num_updates = int(classy["num_updates"])
         self.iteration = int(state["iteration"])
+
+        per_rank = classy.get("per_rank") or []
+        mine = (
+            per_rank[get_rank()]
+            if get_rank() < len(per_rank)
+            else (per_rank[0] if per_rank else {})
+        )
+        if per_rank and len(per_rank) != get_world_size():
+            logger.warning(
+                "checkpoint was written by %d processes, this run has %d: RNG and meter states "
+                "of rank 0 are used, so the run continues but is not bitwise reproducible.",
+                len(per_rank),
+                get_world_size(),
+            )
+        if classy.get("phase_complete", True):
+            if "rng" in mine:
+                set_rng_state(mine["rng"])
+            self.pending_resume = None
+        else:
+            # Re-enter the phase: the trainer advances to phase_idx again and skips the
+            # batches already seen; RNG states are restored after the data iterator exists.
+            self.phase_idx -= 1
+            if classy["train"]:
+                self.train_phase_idx -= 1
+            self.pending_resume = {
+                "start_iter": int(state["iteration_num"]),
+                "phase_loss": classy.get("phase_loss", {"sum": 0.0, "count": 0}),
+                "meters": mine.get("meters", []),
+                "rng": mine.get("rng"),
+            }
+
+    def restore_mid_phase(self) -> None:
+        """Called by the trainer right after the data iterator of a resumed phase exists."""
+        pending = self.pending_resume
+        if pending is None:
+            return
+        self.local_iteration_num = pending["start_iter"]
+        self.reset_phase_loss()
+        assert self._phase_loss_sum is not None
+        self._phase_loss_sum.fill_(float(pending["phase_loss"]["sum"]))
+        self._phase_loss_count = int(pending["phase_loss"]["count"])
+        for meter, meter_state in zip(self.meters, pending["meters"], strict=False):
+            if hasattr(meter, "load_state_dict") and meter_state:
+                meter.load_state_dict(meter_state)
+        if pending["rng"] is not None:
+            set_rng_state(pending["rng"])
+        self.pending_resume = None
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

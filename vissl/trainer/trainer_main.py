@@ -22,11 +22,14 @@ from typing import Any
 import torch
 
 from vissl.config.attr_dict import AttrDict
+from vissl.errors import TrainingPreempted
 from vissl.hooks.base import HookDispatcher
 from vissl.trainer.task import SelfSupervisionTask
 from vissl.trainer.train_steps import get_train_step
-from vissl.utils.checkpoint import load_checkpoint
+from vissl.utils.checkpoint import load_resume_checkpoint
 from vissl.utils.distributed import barrier, is_primary
+from vissl.utils.preemption import PreemptionHandler
+from vissl.utils.weights_init import init_model_from_weights_params_file
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +69,11 @@ class SelfSupervisionTrainer:
             task.hooks.extend(extra)
             task.dispatcher = HookDispatcher(task.hooks)
         if self.checkpoint_path:
-            logger.info("resuming from %s", self.checkpoint_path)
-            task.load_state_dict(load_checkpoint(self.checkpoint_path, map_location="cpu"))
+            path, state = load_resume_checkpoint(self.checkpoint_path)
+            logger.info("resuming from %s (iteration %d)", path, int(state["iteration"]))
+            task.load_state_dict(state)
+        elif self.cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE:
+            init_model_from_weights_params_file(task.base_model, self.cfg.MODEL.WEIGHTS_INIT)
         return task
 
     def train(self) -> SelfSupervisionTask:
@@ -84,7 +90,9 @@ class SelfSupervisionTrainer:
             if self.cfg.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE and device_is_cuda(self.device)
             else 0
         )
+        preemption = PreemptionHandler()
         try:
+            preemption.install()
             task.run_hooks("on_start")
             while task.phase_idx + 1 < len(task.phases):
                 self._advance_phase(task)
@@ -105,18 +113,46 @@ class SelfSupervisionTrainer:
                     if clear_freq and task.iteration % clear_freq == 0:
                         torch.cuda.empty_cache()
                     task.run_hooks("on_step")
+                    if preemption.should_stop():
+                        self._stop_for_preemption(task, preemption.signal_name)
                 for meter in task.meters:
                     meter.sync_state()
                 barrier()
                 task.run_hooks("on_phase_end")
             task.run_hooks("on_end")
+        except TrainingPreempted:
+            raise
         except BaseException:
             try:
                 task.run_hooks("on_exception")
             except Exception:  # never hide the original error
                 logger.exception("a hook failed in on_exception")
             raise
+        finally:
+            preemption.uninstall()
         return task
+
+    def _stop_for_preemption(self, task: SelfSupervisionTask, signal_name: str) -> None:
+        """Save an iteration checkpoint and raise :class:`TrainingPreempted`."""
+        from vissl.hooks.checkpoint_hooks import save_task_checkpoint
+
+        path = None
+        if task.train:
+            path = save_task_checkpoint(
+                task,
+                self.checkpoint_folder,
+                f"model_iteration{task.iteration}.torch",
+                phase_complete=False,
+            )
+        logger.warning(
+            "%s received: stopped after iteration %d%s; exiting with code %d so the job can be "
+            "requeued (AUTO_RESUME continues from the newest checkpoint).",
+            signal_name,
+            task.iteration,
+            f", saved {path}" if path else " (test phase: resumes from the last checkpoint)",
+            TrainingPreempted.exit_code,
+        )
+        raise TrainingPreempted(f"training stopped by {signal_name} at iteration {task.iteration}")
 
     def _advance_phase(self, task: SelfSupervisionTask) -> None:
         task.phase_idx += 1
@@ -128,6 +164,10 @@ class SelfSupervisionTrainer:
         set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
         if callable(set_epoch):
             set_epoch(task.phase_idx)
+        pending = task.pending_resume
+        resuming = pending is not None
+        if pending is not None and hasattr(loader.sampler, "set_start_iter"):
+            loader.sampler.set_start_iter(pending["start_iter"])
         task.data_iterator = iter(loader)
         task.data_and_label_keys = {
             "input": list(self.cfg.DATA[split].INPUT_KEY_NAMES),
@@ -139,6 +179,11 @@ class SelfSupervisionTrainer:
         task.additional_log_data = {}
         for meter in task.meters:
             meter.reset()
+        if resuming:
+            task.restore_mid_phase()
+            logger.info(
+                "resumed inside phase %d after %d batches", task.phase_idx, task.local_iteration_num
+            )
         if task.train and task.param_schedulers is not None:
             task.param_schedulers.apply(task.optimizer, task.where, "epoch")
             task.param_schedulers.apply(task.optimizer, task.where, "step")

@@ -121,7 +121,7 @@ def list_checkpoints(folder: str) -> list[tuple[str, int, str]]:
         for kind, pattern in _PATTERNS.items():
             m = pattern.match(name)
             if m:
-                mtime = os.path.getmtime(os.path.join(folder, name))
+                mtime = os.stat(os.path.join(folder, name)).st_mtime_ns
                 found.append((mtime, kind, int(m.group(1)), name))
     found.sort()
     return [(kind, num, name) for _, kind, num, name in found]
@@ -178,3 +178,61 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_resume_checkpoint(preferred: str) -> tuple[str, dict[str, Any]]:
+    """Load ``preferred``; if it is unreadable, fall back to older checkpoints beside it.
+
+    Returns:
+        ``(path actually loaded, state)``.
+
+    Raises:
+        CheckpointLoadError: when no checkpoint in the folder can be loaded.
+    """
+    try:
+        return preferred, load_checkpoint(preferred)
+    except CheckpointLoadError as first_error:
+        folder = os.path.dirname(preferred)
+        names = [name for _, _, name in list_checkpoints(folder)]
+        target = os.path.basename(os.path.realpath(preferred))
+        older = names[: names.index(target)] if target in names else names
+        for name in reversed(older):
+            path = os.path.join(folder, name)
+            try:
+                state = load_checkpoint(path)
+            except CheckpointLoadError:
+                continue
+            logger.warning(
+                "checkpoint %s cannot be loaded (%s); resuming from the previous one, %s",
+                preferred,
+                first_error,
+                path,
+            )
+            return path, state
+        raise
+
+
+def remove_stale_temporary_files(folder: str) -> None:
+    """Delete leftovers of writes that were killed before their rename."""
+    if not os.path.isdir(folder):
+        return
+    for name in os.listdir(folder):
+        if name.startswith((".tmp_", ".tmp_pointer_")):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def prune_checkpoints(folder: str, keep_last: int, protect: str) -> list[str]:
+    """Keep the ``keep_last`` newest phase/iteration checkpoints; never the final or ``protect``."""
+    if keep_last <= 0:
+        return []
+    intermediate = [(k, n) for k, _, n in list_checkpoints(folder) if k != "final"]
+    removed = []
+    for _, name in intermediate[:-keep_last]:
+        if name == protect:
+            continue
+        os.unlink(os.path.join(folder, name))
+        removed.append(name)
+    return removed

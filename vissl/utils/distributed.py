@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -86,3 +90,116 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_gather_object(obj: object) -> list[object]:
+    """``obj`` from every rank, in rank order (a one-element list with one process)."""
+    if get_world_size() == 1:
+        return [obj]
+    out: list[object] = [None] * get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def get_local_rank() -> int:
+    """This process's index on its node (``LOCAL_RANK``, set by the launcher or torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+class _AllReduceSumWithGrad(torch.autograd.Function):
+    """all_reduce(SUM) whose backward all-reduces the incoming gradient (also a SUM).
+
+    Every rank's output depends on every rank's input, so the gradient of one rank's
+    input is the sum over ranks of the gradients of the output.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        out = tensor.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_sum_with_grad(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Sum ``tensor`` over the ranks of ``group`` (default: all), differentiably.
+
+    Returns a new tensor; with one process, ``tensor`` itself.
+    """
+    if not is_distributed() or dist.get_world_size(group) == 1:
+        return tensor
+    return _AllReduceSumWithGrad.apply(tensor, group)  # type: ignore[no-any-return]
+
+
+def iter_buckets(
+    tensors: Sequence[torch.Tensor], bucket_bytes: int
+) -> Iterator[list[torch.Tensor]]:
+    """Split ``tensors`` into consecutive buckets of one dtype and device, each at most
+    ``bucket_bytes`` (a single larger tensor gets a bucket of its own)."""
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if bucket and (
+            size + nbytes > bucket_bytes
+            or t.dtype != bucket[0].dtype
+            or t.device != bucket[0].device
+        ):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(t)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of the 1-D ``flat`` back into ``tensors``, in place."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+
+def broadcast_coalesced(
+    tensors: Sequence[torch.Tensor], src: int = 0, bucket_bytes: int = 25 * 1024 * 1024
+) -> None:
+    """Broadcast ``tensors`` in place from rank ``src``, one flat copy per bucket.
+
+    With one process it does nothing.
+    """
+    if get_world_size() == 1:
+        return
+    for bucket in iter_buckets(tensors, bucket_bytes):
+        flat = torch.cat([t.detach().reshape(-1) for t in bucket])
+        dist.broadcast(flat, src=src)
+        unflatten_into(flat, bucket)
+
+
+def max_parameter_divergence(module: torch.nn.Module) -> float:
+    """Largest absolute difference between this rank's parameters and rank 0's.
+
+    Collective (every rank must call it); 0.0 with one process. For tests and debugging:
+    data-parallel replicas must stay identical.
+    """
+    if get_world_size() == 1:
+        return 0.0
+    params = [p.detach() for p in module.parameters()]
+    if not params:
+        return 0.0
+    # nccl needs device tensors; gloo takes CPU tensors.
+    device = params[0].device if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = torch.cat([p.reshape(-1).float().to(device) for p in params])
+    ref = mine.clone()
+    dist.broadcast(ref, src=0)
+    diff = (mine - ref).abs().max().reshape(1)
+    all_reduce_max(diff)
+    return float(diff.item())
