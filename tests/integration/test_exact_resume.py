@@ -57,7 +57,7 @@ def assert_same(a, b):
         (1, 0, 3, 5),  # iteration checkpoint at 3, crash at 5 (mid phase 0)
         (1, 2, 3, 10),  # with workers; iteration checkpoint 9 is inside phase 1
         (1, 0, -1, 11),  # phase checkpoints only: resume at the phase boundary
-        (2, 0, 2, 5),  # 2 processes, iteration checkpoint at 4 (phase 1)
+        (2, 0, 2, 7),  # 2 processes (4 steps per phase), iteration checkpoint 6 in phase 1
         (2, 2, 2, 3),  # 2 processes with workers
     ],
 )
