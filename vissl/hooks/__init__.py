@@ -85,7 +85,7 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     folder = cfg.CHECKPOINT.DIR
     hooks: list[Any] = []
     if cfg.HOOKS.CHECK_NAN:
-        hooks.append(CheckNanLossHook(window=int(cfg.LOG_FREQUENCY)))
+        hooks.append(CheckNanLossHook(window=int(cfg.LOG_FREQUENCY), dump_folder=folder))
     if cfg.HOOKS.PERF_STATS.MONITOR_PERF_STATS:
         hooks.append(LogPerfTimeMetricsHook(int(cfg.HOOKS.PERF_STATS.PERF_STAT_FREQUENCY)))
     if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP:

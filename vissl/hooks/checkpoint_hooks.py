@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from vissl.hooks.base import Priority, VisslHook
+from vissl.hooks.state_update_hooks import CheckNanLossHook
 from vissl.utils.checkpoint import prune_checkpoints, remove_stale_temporary_files, save_checkpoint
 from vissl.utils.distributed import barrier, is_primary
 
@@ -74,6 +75,10 @@ def save_task_checkpoint(
     Never writes from non-finite weights: raises ``FloatingPointError`` naming them, and
     the previous checkpoint stays the newest.
     """
+    # A pending NaN check names the iteration where things went wrong; run it first.
+    for hook in task.hooks:
+        if isinstance(hook, CheckNanLossHook):
+            hook.check(task)
     bad = _non_finite_parameters(task)
     if bad:
         raise FloatingPointError(

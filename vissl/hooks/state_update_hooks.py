@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -12,18 +13,31 @@ from vissl.hooks.base import Priority, VisslHook
 logger = logging.getLogger(__name__)
 
 
-class CheckNanLossHook(VisslHook):
-    """Raise ``FloatingPointError`` naming the iteration when the loss is NaN or Inf.
+def _all_finite(output: Any) -> torch.Tensor | None:
+    """A 0-d bool tensor: whether every tensor in ``output`` is finite (no host read)."""
+    if isinstance(output, torch.Tensor):
+        return torch.isfinite(output.detach()).all()
+    if isinstance(output, list | tuple) and output:
+        flags = [f for f in (_all_finite(o) for o in output) if f is not None]
+        return torch.stack(flags).all() if flags else None
+    return None
 
-    The finiteness of each step's loss is written into a small device buffer (no host
-    read); the buffer is read every LOG_FREQUENCY iterations and at phase end, before any
-    checkpoint is written (this hook runs early at phase end).
+
+class CheckNanLossHook(VisslHook):
+    """Raise ``FloatingPointError`` naming the iteration when the loss or the model output
+    is NaN or Inf, after dumping this rank's input and output as VISSL did
+    (``rank{r}_input_sample.pth``, ``rank{r}_model_output.pth`` in the checkpoint folder).
+
+    Finiteness of each step is written into small device buffers (no host read); they are
+    read every LOG_FREQUENCY iterations and at phase end, before any checkpoint is written
+    (this hook runs first at phase end, and checkpoints refuse non-finite weights anyway).
     """
 
     priority = Priority.HIGHEST
 
-    def __init__(self, window: int = 10) -> None:
+    def __init__(self, window: int = 10, dump_folder: str | None = None) -> None:
         self.window = max(1, int(window))
+        self.dump_folder = dump_folder
         self._flags: torch.Tensor | None = None
         self._losses: torch.Tensor | None = None
         self._iters: list[int] = []
@@ -31,7 +45,8 @@ class CheckNanLossHook(VisslHook):
 
     def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._flags is None or self._flags.device != device:
-            self._flags = torch.ones(self.window, dtype=torch.bool, device=device)
+            # column 0: loss finite, column 1: model output finite
+            self._flags = torch.ones(self.window, 2, dtype=torch.bool, device=device)
             self._losses = torch.zeros(self.window, dtype=torch.float32, device=device)
         assert self._losses is not None
         return self._flags, self._losses
@@ -41,10 +56,13 @@ class CheckNanLossHook(VisslHook):
         if loss is not None:
             flags, losses = self._buffers(loss.device)
             slot = len(self._iters)
-            if slot >= self.window:  # should not happen: we check every window steps
+            if slot >= self.window:
                 self.check(task)
                 slot = 0
-            flags[slot].copy_(torch.isfinite(loss.detach()).all())
+            flags[slot, 0].copy_(torch.isfinite(loss.detach()).all())
+            out_ok = _all_finite(task.last_batch.model_output)
+            if out_ok is not None:
+                flags[slot, 1].copy_(out_ok)
             losses[slot].copy_(loss.detach().float().reshape(()))
             self._iters.append(task.iteration if task.train else task.local_iteration_num)
             self._phases.append(task.phase_idx)
@@ -54,25 +72,55 @@ class CheckNanLossHook(VisslHook):
     def on_phase_end(self, task: Any) -> None:
         self.check(task)
 
+    def _dump(self, task: Any) -> str:
+        if not self.dump_folder or task.last_batch is None:
+            return ""
+        from vissl.utils.distributed import get_rank
+
+        rank = get_rank()
+        os.makedirs(self.dump_folder, exist_ok=True)
+        out = os.path.join(self.dump_folder, f"rank{rank}_model_output.pth")
+        inp = os.path.join(self.dump_folder, f"rank{rank}_input_sample.pth")
+        torch.save(_detached_cpu(task.last_batch.model_output), out)
+        torch.save(_detached_cpu(task.last_batch.sample.get("input")), inp)
+        return f" The last batch's input and output are in {inp} and {out}."
+
     def check(self, task: Any) -> None:
-        """Read the buffered flags; raise on the first non-finite loss."""
+        """Read the buffered flags; raise on the first non-finite loss or output."""
         n = len(self._iters)
         if n == 0 or self._flags is None or self._losses is None:
             return
-        flags = self._flags[:n].tolist()
-        if not all(flags):
-            first = flags.index(False)
+        rows = self._flags[:n].tolist()
+        bad = [i for i, (loss_ok, out_ok) in enumerate(rows) if not (loss_ok and out_ok)]
+        if bad:
+            first = bad[0]
             value = float(self._losses[first].item())
             iteration, phase = self._iters[first], self._phases[first]
             kind = "train" if task.train else "test"
+            what = (
+                f"non-finite loss {value}"
+                if not rows[first][0]
+                else f"non-finite model output (loss {value})"
+            )
+            dumped = self._dump(task)
             raise FloatingPointError(
-                f"non-finite loss {value} at {kind} iteration {iteration} (phase {phase}). "
-                "Lower the learning rate (config.OPTIMIZER.param_schedulers.lr), check the "
-                "data, or set config.HOOKS.CHECK_NAN=False to train on anyway."
+                f"{what} at {kind} iteration {iteration} (phase {phase}).{dumped} Lower the "
+                "learning rate (config.OPTIMIZER.param_schedulers.lr), check the data, or set "
+                "config.HOOKS.CHECK_NAN=False to train on anyway."
             )
         self._flags.fill_(True)
         self._iters.clear()
         self._phases.clear()
+
+
+def _detached_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _detached_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_detached_cpu(v) for v in obj]
+    return obj
 
 
 class GradClipHook(VisslHook):
