@@ -73,7 +73,12 @@ def test_crash_and_resume_is_bitwise_exact(tmp_path, nproc, workers, iter_freq, 
     run_config(TINY, *common, f"config.CHECKPOINT.DIR={tmp_path / 'full'}")
     crashed = tmp_path / "crashed"
     with pytest.raises(Exception, match="simulated crash"):
-        run_config(TINY, *common, f"config.CHECKPOINT.DIR={crashed}", hook_generator=crash_generator(crash_at))
+        run_config(
+            TINY,
+            *common,
+            f"config.CHECKPOINT.DIR={crashed}",
+            hook_generator=crash_generator(crash_at),
+        )
     assert not list(crashed.glob("model_final*"))
     run_config(TINY, *common, f"config.CHECKPOINT.DIR={crashed}")
     log = (crashed / "log.txt").read_text()
