@@ -62,7 +62,6 @@ POLYMORPHIC = {
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
 VISSL_UNSUPPORTED_PREFIXES = (
     "MONITORING",
-    "PROFILING",
     "CLUSTERFIT",
     "SVM",
     "IMG_RETRIEVAL",
@@ -132,7 +131,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "MODEL.MULTI_INPUT_HEAD_MAPPING": [],
     "HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION": False,
     "HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY": False,
-    "SLURM.USE_SLURM": False,
     "CHECKPOINT.BACKEND": "disk",
 }
 
@@ -354,6 +352,12 @@ _CHOICES = {
     "DATA.TEST.LABEL_TYPE": ("standard", "sample_index", "zero"),
     "MODEL.AMP_PARAMS.AMP_TYPE": ("pytorch", "apex"),
     "MODEL.AMP_PARAMS.AMP_DTYPE": ("float16", "bfloat16", "fp16", "bf16"),
+    "MODEL.COMPILE.MODE": (
+        "default",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+    ),
 }
 
 _MIN = {
@@ -363,6 +367,9 @@ _MIN = {
     "DATA.TRAIN.BATCHSIZE_PER_REPLICA": 1,
     "DATA.TEST.BATCHSIZE_PER_REPLICA": 1,
     "OPTIMIZER.num_epochs": 1,
+    "OPTIMIZER.GRAD_ACCUMULATION_STEPS": 1,
+    "PROFILING.NUM_ITERATIONS": 1,
+    "PROFILING.START_ITERATION": 0,
     "OPTIMIZER.weight_decay": 0,
     "OPTIMIZER.momentum": 0,
     "DISTRIBUTED.NUM_NODES": 1,

@@ -68,7 +68,7 @@ class LogLossLrEtaHook(VisslHook):
             from tqdm.auto import tqdm
 
             split = "TRAIN" if task.train else "TEST"
-            total = len(task.dataloaders[split])
+            total = task.steps_per_phase(split)
             desc = (
                 f"train ep {task.train_phase_idx + 1}/{task.num_train_phases}"
                 if task.train

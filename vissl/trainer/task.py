@@ -123,6 +123,8 @@ class SelfSupervisionTask:
         }
         self.enable_training_meter = bool(config.METERS.get("enable_training_meter", True))
         self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
+        self.grad_accumulation_steps = int(config.OPTIMIZER.GRAD_ACCUMULATION_STEPS)
+        self.channels_last = bool(config.MODEL.CHANNELS_LAST)
         self._phase_loss_sum: torch.Tensor | None = None
         self._phase_loss_count = 0
         self.pending_resume: dict[str, Any] | None = None
@@ -172,12 +174,13 @@ class SelfSupervisionTask:
                 device_is_cuda=self.device.type == "cuda",
             )
         if "TRAIN" in self.dataloaders:
-            steps_per_phase = len(self.dataloaders["TRAIN"])
+            steps_per_phase = self.steps_per_phase("TRAIN")
             if steps_per_phase == 0:
                 raise ConfigError(
-                    "the training data loader yields no batch: the data set has fewer samples "
-                    "per process than config.DATA.TRAIN.BATCHSIZE_PER_REPLICA with DROP_LAST. "
-                    "Lower the batch size or use more data (config.DATA.TRAIN.DATA_LIMIT).",
+                    "the training data loader yields no optimizer step: the data set has fewer "
+                    "samples per process than config.DATA.TRAIN.BATCHSIZE_PER_REPLICA (times "
+                    "config.OPTIMIZER.GRAD_ACCUMULATION_STEPS). Lower the batch size or use more "
+                    "data (config.DATA.TRAIN.DATA_LIMIT).",
                     "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA",
                 )
             self.max_iteration = self.num_train_phases * steps_per_phase
@@ -185,12 +188,15 @@ class SelfSupervisionTask:
         model = build_model(cfg.MODEL, cfg.OPTIMIZER)
         model = convert_sync_batchnorm(model, cfg, self.device)
         self.base_model = model.to(self.device)
+        if self.channels_last:
+            self.base_model = self.base_model.to(memory_format=torch.channels_last)
         self.loss = build_loss(cfg.LOSS).to(self.device)
         self.meters = build_meters(cfg.METERS)
         if "TRAIN" in self.available_splits:
             self.param_schedulers = build_param_schedulers(
                 cfg.OPTIMIZER,
-                batch_size_per_replica=int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA),
+                batch_size_per_replica=int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+                * self.grad_accumulation_steps,
                 world_size=world_size,
                 num_nodes=int(cfg.DISTRIBUTED.NUM_NODES),
             )
@@ -205,6 +211,12 @@ class SelfSupervisionTask:
             bucket_cap_mb=float(cfg.DATA.DDP_BUCKET_CAP_MB),
         )
         self.model = self.grad_reducer.wrap(self.base_model, self.device)
+        compile_cfg = cfg.MODEL.COMPILE
+        if compile_cfg.USE_COMPILE:
+            # base_model stays the plain module: checkpoints and hooks read it.
+            backend = str(compile_cfg.BACKEND)
+            mode = str(compile_cfg.MODE) if backend == "inductor" else None
+            self.model = torch.compile(self.model, backend=backend, mode=mode)  # type: ignore[assignment]
         logger.info(
             "task built: %d phases (%d train), %d iterations, precision %s, gradient reduction %s",
             len(self.phases),
@@ -238,8 +250,15 @@ class SelfSupervisionTask:
         return n == 1 or n % max(1, int(self.config.LOG_FREQUENCY)) == 0
 
     def get_global_batchsize(self) -> int:
+        """Samples per optimizer step over all ranks (times the accumulation steps)."""
         split = "TRAIN" if self.train else "TEST"
-        return int(self.config.DATA[split].BATCHSIZE_PER_REPLICA) * get_world_size()
+        accumulation = self.grad_accumulation_steps if self.train else 1
+        return int(self.config.DATA[split].BATCHSIZE_PER_REPLICA) * get_world_size() * accumulation
+
+    def steps_per_phase(self, split: str) -> int:
+        """Optimizer steps (train) or batches (test) in one phase of ``split``."""
+        batches = len(self.dataloaders[split])
+        return batches // self.grad_accumulation_steps if split == "TRAIN" else batches
 
     def run_hooks(self, event: str) -> None:
         self.dispatcher.run(event, self)

@@ -167,7 +167,8 @@ class SelfSupervisionTrainer:
         pending = task.pending_resume
         resuming = pending is not None
         if pending is not None and hasattr(loader.sampler, "set_start_iter"):
-            loader.sampler.set_start_iter(pending["start_iter"])
+            batches_per_step = task.grad_accumulation_steps if task.train else 1
+            loader.sampler.set_start_iter(pending["start_iter"] * batches_per_step)
         task.data_iterator = iter(loader)
         task.data_and_label_keys = {
             "input": list(self.cfg.DATA[split].INPUT_KEY_NAMES),
@@ -189,13 +190,13 @@ class SelfSupervisionTrainer:
             task.param_schedulers.apply(task.optimizer, task.where, "step")
         if is_primary():
             logger.info(
-                "phase %d/%d: %s (train phase %d/%d), %d batches",
+                "phase %d/%d: %s (train phase %d/%d), %d steps",
                 task.phase_idx + 1,
                 len(task.phases),
                 "train" if task.train else "test",
                 task.train_phase_idx + 1,
                 task.num_train_phases,
-                len(loader),
+                task.steps_per_phase(split),
             )
 
 

@@ -49,6 +49,15 @@ def move_to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def to_channels_last(obj: Any) -> Any:
+    """4-D image tensors (also in lists) to the channels_last memory format."""
+    if isinstance(obj, torch.Tensor):
+        return obj.contiguous(memory_format=torch.channels_last) if obj.dim() == 4 else obj
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_channels_last(v) for v in obj)
+    return obj
+
+
 def construct_sample_for_model(batch: Mapping[str, Any], task: Any) -> dict[str, Any]:
     """Reshape a collated batch into ``{"input", "target", "data_valid", ...}`` (VISSL's rule).
 
@@ -104,35 +113,66 @@ class StandardTrainStep:
     def __call__(self, task: Any) -> Any:
         task.last_batch = LastBatchInfo()
         stats = task.perf_stats
+        accumulation = task.grad_accumulation_steps if task.train else 1
         with perf_timer("train_step_total", stats):
-            with perf_timer("read_sample", stats):
-                sample = self.read_sample(task)
-            task.last_batch.sample = sample
-            task.last_batch.target = sample["target"]
-
-            with self.forward_context(task):
-                with perf_timer("forward", stats):
-                    model_output = self.forward(task, sample)
-                task.last_batch.model_output = model_output
-                task.run_hooks("on_forward")
-
-                with perf_timer("loss_compute", stats):
-                    local_loss = self.compute_loss(task, model_output, sample)
-                with perf_timer("loss_all_reduce", stats):
-                    self.reduce_loss_for_logging(task, local_loss)
-                with perf_timer("meters_update", stats):
-                    self.update_meters(task, model_output, sample)
-                task.run_hooks("on_loss_and_meter")
-
+            if accumulation == 1:
+                local_loss = self._forward_and_loss(task, stats, sync=True)
+                if task.train:
+                    with perf_timer("backward", stats):
+                        self.backward(task, local_loss)
+            else:
+                self._accumulate(task, stats, accumulation)
             if task.train:
-                with perf_timer("backward", stats):
-                    self.backward(task, local_loss)
                 task.run_hooks("on_backward")
                 with perf_timer("optimizer_step", stats):
                     self.optimizer_step(task)
                 task.run_hooks("on_update")
                 task.num_updates += task.get_global_batchsize()
         return task
+
+    def _forward_and_loss(self, task: Any, stats: Any, sync: bool) -> torch.Tensor:
+        """read_sample -> forward [on_forward] -> loss -> all-reduce -> meters [on_loss_and_meter]."""
+        with perf_timer("read_sample", stats):
+            sample = self.read_sample(task)
+        task.last_batch.sample = sample
+        task.last_batch.target = sample["target"]
+        with self.forward_context(task, sync=sync):
+            with perf_timer("forward", stats):
+                model_output = self.forward(task, sample)
+            task.last_batch.model_output = model_output
+            task.run_hooks("on_forward")
+
+            with perf_timer("loss_compute", stats):
+                local_loss = self.compute_loss(task, model_output, sample)
+            with perf_timer("loss_all_reduce", stats):
+                self.reduce_loss_for_logging(task, local_loss)
+            with perf_timer("meters_update", stats):
+                self.update_meters(task, model_output, sample)
+            task.run_hooks("on_loss_and_meter")
+        return local_loss
+
+    def _accumulate(self, task: Any, stats: Any, accumulation: int) -> None:
+        """Gradient accumulation: ``accumulation`` micro-batches, one optimizer step.
+
+        Each micro-batch's loss is divided by ``accumulation``; gradients are synchronised
+        across ranks only on the last micro-batch. ``on_forward``/``on_loss_and_meter``
+        fire per micro-batch; ``on_backward``/``on_update`` once per optimizer step. If the
+        data ends in the middle, the partial accumulation is dropped and the phase ends.
+        """
+        for micro in range(accumulation):
+            last = micro == accumulation - 1
+            try:
+                local_loss = self._forward_and_loss(task, stats, sync=last)
+            except StopIteration:
+                if micro > 0:
+                    task.optimizer.zero_grad(set_to_none=True)
+                raise
+            with perf_timer("backward", stats), self.sync_context(task, sync=last):
+                if micro == 0:
+                    task.optimizer.zero_grad(set_to_none=True)
+                task.precision.backward(local_loss / accumulation)
+            if last:
+                task.grad_reducer.after_backward(task.model)
 
     # ------------------------------------------------------------------ sections
     def read_sample(self, task: Any) -> dict[str, Any]:
@@ -142,16 +182,28 @@ class StandardTrainStep:
         """
         batch = next(task.data_iterator)
         sample = construct_sample_for_model(batch, task)
-        return move_to_device(sample, task.device)  # type: ignore[no-any-return]
+        sample = move_to_device(sample, task.device)
+        if task.channels_last:
+            sample["input"] = to_channels_last(sample["input"])
+        return sample
 
-    def forward_context(self, task: Any) -> contextlib.ExitStack:
+    def forward_context(self, task: Any, sync: bool = True) -> contextlib.ExitStack:
         """Grad mode, the reducer's context (e.g. ``no_sync``) and autocast."""
         stack = contextlib.ExitStack()
         stack.enter_context(torch.enable_grad() if task.train else torch.no_grad())
         if task.train:
             stack.enter_context(task.grad_reducer.context(task.model))
+            stack.enter_context(self.sync_context(task, sync))
         stack.enter_context(task.precision.autocast())
         return stack
+
+    @staticmethod
+    def sync_context(task: Any, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP's ``no_sync`` for micro-batches that must not all-reduce gradients yet."""
+        no_sync = getattr(task.model, "no_sync", None)
+        if sync or no_sync is None:
+            return contextlib.nullcontext()
+        return no_sync()  # type: ignore[no-any-return]
 
     def forward(self, task: Any, sample: dict[str, Any]) -> Any:
         output = task.model(sample["input"])
