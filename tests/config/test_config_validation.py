@@ -155,3 +155,14 @@ def test_attrdict_missing_attribute_lists_keys():
     assert d.A.B == 1
     with pytest.raises(AttributeError, match="available keys"):
         _ = d.C
+
+
+def test_plugin_declared_defaults_are_inserted():
+    register_config_defaults("LOSS.my_inserted_loss_params", {"alpha": 0.5})
+    _, cfg = compose()
+    assert cfg.LOSS.my_inserted_loss_params.alpha == 0.5
+
+
+def test_unknown_task_name_is_an_error():
+    with pytest.raises(ConfigError, match="TASK_NAME"):
+        compose("config.TRAINER.TASK_NAME=self_supervision_fsdp_task")

@@ -88,3 +88,22 @@ def test_build_custom_hook_from_spec_with_priority():
             build_hook({"name": "test_dispatch_counter", "evry": 3}, index=2)
     finally:
         HOOK_REGISTRY.unregister("test_dispatch_counter")
+
+
+def test_vissl_noop_idiom_and_settable_name():
+    from vissl.hooks import ClassyHook
+
+    class OldStyle(ClassyHook):
+        on_start = ClassyHook._noop
+        on_forward = ClassyHook._noop
+
+        def on_step(self, task):
+            task.append("step")
+
+    hook = OldStyle()
+    hook.name = "renamed"
+    d = HookDispatcher([hook])
+    assert not d.has("on_start") and not d.has("on_forward") and d.has("on_step")
+    log: list[str] = []
+    d.run("on_step", log)
+    assert log == ["step"] and "renamed" in d.describe()

@@ -66,3 +66,30 @@ def test_accumulating_k_micro_batches_equals_one_large_batch(tmp_path, nproc):
         )
         c = weights(tmp_path / "small")
         assert max((a[k].float() - c[k].float()).abs().max().item() for k in a) > 1e-3
+
+
+@pytest.mark.integration
+def test_overridden_backward_runs_for_every_micro_batch(tmp_path):
+    from vissl.trainer.train_steps import TRAIN_STEP_REGISTRY, register_train_step
+    from vissl.trainer.train_steps.standard_train_step import StandardTrainStep
+
+    calls = []
+
+    @register_train_step("test_counting_backward_step")
+    class CountingBackward(StandardTrainStep):
+        def backward(self, task, local_loss):
+            calls.append(task.micro_step)
+            super().backward(task, local_loss)
+
+    try:
+        task = run_config(
+            "test/cpu_test/tiny_supervised",
+            *COMMON,
+            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=16",
+            "config.OPTIMIZER.GRAD_ACCUMULATION_STEPS=2",
+            "config.TRAINER.TRAIN_STEP_NAME=test_counting_backward_step",
+            f"config.CHECKPOINT.DIR={tmp_path}",
+        )
+    finally:
+        TRAIN_STEP_REGISTRY.unregister("test_counting_backward_step")
+    assert task.iteration == 4 and calls == [0, 1] * 4

@@ -83,7 +83,6 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "MODEL.TRUNK.CONVNEXT",
     "MODEL.TRUNK.MOBILE_NET",
     "MODEL.TRUNK.RESNETS_SK",
-    "MODEL.TRUNK.VISION_TRANSFORMERS",
     "OPTIMIZER.use_zero",
     "OPTIMIZER.param_group_constructor",
     "OPTIMIZER.layer_wise_lr_decay",
@@ -428,6 +427,21 @@ def check_values(cfg: Mapping[str, Any]) -> None:
                     f"config.DATA.{split}.LABEL_PATHS",
                 )
     dist = cfg["DISTRIBUTED"]
+    if cfg["TRAINER"]["TASK_NAME"] != "self_supervision_task":
+        raise ConfigError(
+            f"config.TRAINER.TASK_NAME={cfg['TRAINER']['TASK_NAME']!r}: vissl has one task, "
+            "'self_supervision_task' (VISSL's FSDP/SDP tasks are not implemented).",
+            "config.TRAINER.TASK_NAME",
+        )
+    if (
+        cfg["CHECKPOINT"]["APPEND_DISTR_RUN_ID"]
+        and str(dist["RUN_ID"]) == "auto"
+        and cfg["CHECKPOINT"]["AUTO_RESUME"]
+    ):
+        _warn(
+            "config.CHECKPOINT.APPEND_DISTR_RUN_ID with DISTRIBUTED.RUN_ID=auto writes every start "
+            "to a new folder, so AUTO_RESUME never finds the previous run; set RUN_ID=host:port."
+        )
     if (
         cfg["MODEL"]["ACTIVATION_CHECKPOINTING"]["USE_ACTIVATION_CHECKPOINTING"]
         and int(dist["NUM_NODES"]) * int(dist["NUM_PROC_PER_NODE"]) > 1
@@ -462,9 +476,25 @@ def warn_not_implemented(cfg: Mapping[str, Any]) -> None:
             )
 
 
+def fill_registered_defaults(cfg: dict[str, Any]) -> None:
+    """Insert keys declared with :func:`register_config_defaults` that ``cfg`` lacks."""
+    for path, value in _EXTRA_DEFAULTS.items():
+        node = cfg
+        parts = path.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        current = node.get(parts[-1])
+        if current is None:
+            node[parts[-1]] = copy.deepcopy(value)
+        elif isinstance(current, dict) and isinstance(value, dict):
+            for k, v in value.items():
+                current.setdefault(k, copy.deepcopy(v))
+
+
 def validate_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Upgrade legacy keys, then check keys, types and values. Returns ``cfg``."""
+    """Upgrade legacy keys, fill plugin defaults, then check keys, types and values."""
     upgrade_legacy_keys(cfg)
+    fill_registered_defaults(cfg)
     check_keys(cfg)
     check_types(cfg)
     check_values(cfg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vissl.config.attr_dict import AttrDict
 from vissl.engines import Engine, register_engine
 from vissl.trainer.trainer_main import SelfSupervisionTrainer
 from vissl.utils.distributed import get_rank
@@ -42,6 +44,10 @@ def train_main(
     from vissl.hooks import default_hook_generator
 
     rank = get_rank()
+    # Hooks read CHECKPOINT.DIR: make it the folder this run really uses (it differs with
+    # APPEND_DISTR_RUN_ID), on a copy so the caller's config is untouched.
+    cfg = AttrDict(copy.deepcopy(cfg.to_dict()))
+    cfg.CHECKPOINT.DIR = checkpoint_folder
     setup_logging(checkpoint_folder, rank, verbose=bool(cfg.VERBOSE))
     try:
         device = get_device(cfg, local_rank)

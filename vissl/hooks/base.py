@@ -66,10 +66,19 @@ class VisslHook:
     """
 
     priority: int = Priority.NORMAL
+    _name: str | None = None
 
     @property
     def name(self) -> str:
-        return type(self).__qualname__
+        return self._name or type(self).__qualname__
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+
+    @staticmethod
+    def _noop(task: Any) -> None:
+        """VISSL's idiom ``on_x = ClassyHook._noop``: an explicit no-op (skipped by dispatch)."""
 
     def on_start(self, task: Any) -> None:
         """Once, before the first phase."""

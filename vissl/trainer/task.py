@@ -124,6 +124,7 @@ class SelfSupervisionTask:
         self.enable_training_meter = bool(config.METERS.get("enable_training_meter", True))
         self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
         self.grad_accumulation_steps = int(config.OPTIMIZER.GRAD_ACCUMULATION_STEPS)
+        self.micro_step = 0
         self.channels_last = bool(config.MODEL.CHANNELS_LAST)
         self._phase_loss_sum: torch.Tensor | None = None
         self._phase_loss_count = 0

@@ -27,6 +27,8 @@ from vissl.errors import VisslError
 logger = logging.getLogger(__name__)
 
 POINTER_NAME = "checkpoint.torch"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 _PATTERNS = {
     "final": re.compile(r"^model_final_checkpoint_phase(\d+)\.torch$"),
     "phase": re.compile(r"^model_phase(\d+)\.torch$"),
@@ -61,6 +63,7 @@ def atomic_torch_save(obj: Any, path: str) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; honour the umask instead
         os.replace(tmp, path)
         _fsync_dir(folder)
     except BaseException:

@@ -42,7 +42,7 @@ def _describe(obj: Any) -> tuple[str, str, str]:
     qualname = getattr(obj, "__qualname__", None) or type(obj).__qualname__
     try:
         source = inspect.getsourcefile(obj) or "<unknown file>"
-    except TypeError:
+    except (TypeError, OSError):  # builtins, or classes defined in a REPL / notebook
         source = "<unknown file>"
     return module, qualname, source
 

@@ -115,13 +115,17 @@ class StandardTrainStep:
         stats = task.perf_stats
         accumulation = task.grad_accumulation_steps if task.train else 1
         with perf_timer("train_step_total", stats):
-            if accumulation == 1:
-                local_loss = self._forward_and_loss(task, stats, sync=True)
+            for micro in range(accumulation):
+                task.micro_step = micro
+                try:
+                    local_loss = self._forward_and_loss(task, stats, sync=micro == accumulation - 1)
+                except StopIteration:
+                    if micro > 0:  # the data ended inside an accumulation: drop it
+                        task.optimizer.zero_grad(set_to_none=True)
+                    raise
                 if task.train:
                     with perf_timer("backward", stats):
                         self.backward(task, local_loss)
-            else:
-                self._accumulate(task, stats, accumulation)
             if task.train:
                 task.run_hooks("on_backward")
                 with perf_timer("optimizer_step", stats):
@@ -150,29 +154,6 @@ class StandardTrainStep:
                 self.update_meters(task, model_output, sample)
             task.run_hooks("on_loss_and_meter")
         return local_loss
-
-    def _accumulate(self, task: Any, stats: Any, accumulation: int) -> None:
-        """Gradient accumulation: ``accumulation`` micro-batches, one optimizer step.
-
-        Each micro-batch's loss is divided by ``accumulation``; gradients are synchronised
-        across ranks only on the last micro-batch. ``on_forward``/``on_loss_and_meter``
-        fire per micro-batch; ``on_backward``/``on_update`` once per optimizer step. If the
-        data ends in the middle, the partial accumulation is dropped and the phase ends.
-        """
-        for micro in range(accumulation):
-            last = micro == accumulation - 1
-            try:
-                local_loss = self._forward_and_loss(task, stats, sync=last)
-            except StopIteration:
-                if micro > 0:
-                    task.optimizer.zero_grad(set_to_none=True)
-                raise
-            with perf_timer("backward", stats), self.sync_context(task, sync=last):
-                if micro == 0:
-                    task.optimizer.zero_grad(set_to_none=True)
-                task.precision.backward(local_loss / accumulation)
-            if last:
-                task.grad_reducer.after_backward(task.model)
 
     # ------------------------------------------------------------------ sections
     def read_sample(self, task: Any) -> dict[str, Any]:
@@ -253,9 +234,26 @@ class StandardTrainStep:
             meter.update(model_output, target)
 
     def backward(self, task: Any, local_loss: torch.Tensor) -> None:
-        task.optimizer.zero_grad(set_to_none=True)
-        task.precision.backward(local_loss)
-        task.grad_reducer.after_backward(task.model)
+        """Backward of one (micro-)batch.
+
+        With ``OPTIMIZER.GRAD_ACCUMULATION_STEPS`` = k > 1 this runs for each of the k
+        micro-batches of a step (``task.micro_step`` = 0..k-1): gradients are zeroed on the
+        first, the loss is divided by k, and gradients are synchronised across ranks only
+        on the last. ``on_forward``/``on_loss_and_meter`` fire per micro-batch,
+        ``on_backward``/``on_update`` once per optimizer step.
+        """
+        accumulation = task.grad_accumulation_steps
+        micro = task.micro_step
+        last = micro == accumulation - 1
+        if micro == 0:
+            task.optimizer.zero_grad(set_to_none=True)
+        if accumulation == 1:
+            task.precision.backward(local_loss)
+        else:
+            with self.sync_context(task, sync=last):
+                task.precision.backward(local_loss / accumulation)
+        if last:
+            task.grad_reducer.after_backward(task.model)
 
     def optimizer_step(self, task: Any) -> None:
         where = task.where
