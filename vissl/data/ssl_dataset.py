@@ -62,7 +62,16 @@ def _numeric_labels(labels: np.ndarray) -> np.ndarray:
 
 @contextlib.contextmanager
 def seeded_rng(seed: int) -> Iterator[None]:
-    """Seed python, numpy and torch (CPU) RNGs for a block, then restore their states."""
+    """Seed python, numpy and torch (CPU) RNGs for a block, then restore their states.
+
+    In a data loader worker the global RNGs serve nothing else, so they are only seeded.
+    """
+    if torch.utils.data.get_worker_info() is not None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        yield
+        return
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
         random.seed(seed)
