@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""Train (or run another engine) from a config.
+"""Train (or run another engine) from a config, locally or on SLURM.
 
     python tools/run_distributed_engines.py config=quick_start \
         [config.SECTION.KEY=value ...] [+config/group/sub=file] [engine_name=train] [node_id=0]
 
-Exit codes: 0 done, 2 a config error, 75 stopped for preemption after a checkpoint (run it
-again to resume).
+- ``config.DISTRIBUTED.NUM_PROC_PER_NODE=N``: N processes on this machine.
+- Several machines: run the command on each with ``node_id=<0..NUM_NODES-1>``,
+  ``config.DISTRIBUTED.NUM_NODES`` and ``config.DISTRIBUTED.RUN_ID=<host of node 0>:<port>``.
+- ``torchrun --nproc_per_node N tools/run_distributed_engines.py ...``: torchrun's processes
+  are used (the config's process counts must match).
+- ``config.SLURM.USE_SLURM=true``: submits the job to SLURM through submitit.
+
+Exit codes: 0 done (or submitted), 1 a process failed, 2 a config error,
+75 stopped for preemption after a checkpoint (run it again to resume).
 """
 
 from __future__ import annotations
@@ -14,12 +21,19 @@ import sys
 
 from vissl.errors import TrainingPreempted, VisslError
 from vissl.hooks import default_hook_generator
-from vissl.utils.distributed_launcher import launch_distributed
+from vissl.utils.distributed_launcher import DistributedWorkerError, launch_distributed
 from vissl.utils.hydra_config import hydra_compose_and_validate
 
 
 def hydra_main(overrides: list[str]) -> None:
     root, config = hydra_compose_and_validate(overrides)
+    if config.SLURM.USE_SLURM:
+        from vissl.utils.slurm import launch_distributed_on_slurm
+
+        launch_distributed_on_slurm(
+            config, engine_name=str(root.engine_name), hook_generator=default_hook_generator
+        )
+        return
     launch_distributed(
         config,
         node_id=int(root.node_id),
@@ -34,6 +48,9 @@ def main() -> int:
     except TrainingPreempted as err:
         print(f"vissl: {err}; run the same command again to resume.", file=sys.stderr)
         return TrainingPreempted.exit_code
+    except DistributedWorkerError as err:
+        print(f"vissl: error: {err}", file=sys.stderr)
+        return 1
     except VisslError as err:
         print(f"vissl: error: {err}", file=sys.stderr)
         return 2
