@@ -234,3 +234,20 @@ def test_tiny_config_writes_trace_and_summary(tmp_path):
     assert any(e.get("name", "").startswith("aten::convolution") for e in events)
     assert "aten::" in summary.read_text()
     assert os.path.exists(folder / "model_final_checkpoint_phase0.torch")
+
+
+@pytest.mark.integration
+def test_profiler_from_config_writes_trace_and_stops(tmp_path):
+    from tests.integration._runs import run_config
+
+    task = run_config(
+        "test/cpu_test/tiny_simclr",
+        "config.PROFILING.RUNTIME_PROFILING.USE_PROFILER=True",
+        "config.PROFILING.START_ITERATION=1",
+        "config.PROFILING.NUM_ITERATIONS=2",
+        "config.PROFILING.STOP_TRAINING_AFTER_PROFILING=True",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    assert (tmp_path / "profiler_trace_rank0.json").exists()
+    assert (tmp_path / "profiler_summary_rank0.txt").exists()
+    assert task.stop_training and task.iteration < task.max_iteration

@@ -109,6 +109,11 @@ def default_hook_generator(cfg: Any) -> list[Any]:
                 flush_every_n_min=float(tb.FLUSH_EVERY_N_MIN),
             )
         )
+    prof = cfg.PROFILING
+    if prof.RUNTIME_PROFILING.USE_PROFILER or prof.MEMORY_PROFILING.TRACK_BY_LAYER_MEMORY:
+        from vissl.hooks.profiling_hook import ProfilingHook
+
+        hooks.append(ProfilingHook.from_config(cfg, folder))
     hooks.append(LogMetricsHook(folder))
     hooks.append(
         CheckpointHook(

@@ -125,6 +125,9 @@ class SelfSupervisionTask:
         self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
         self.grad_accumulation_steps = int(config.OPTIMIZER.GRAD_ACCUMULATION_STEPS)
         self.micro_step = 0
+        # a hook may set these to end training cleanly after the current step
+        self.stop_training = False
+        self.stop_training_reason = ""
         self.channels_last = bool(config.MODEL.CHANNELS_LAST)
         self._phase_loss_sum: torch.Tensor | None = None
         self._phase_loss_count = 0

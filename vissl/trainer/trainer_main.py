@@ -115,6 +115,15 @@ class SelfSupervisionTrainer:
                     task.run_hooks("on_step")
                     if preemption.should_stop():
                         self._stop_for_preemption(task, preemption.signal_name)
+                    if task.stop_training:
+                        break
+                if task.stop_training:
+                    logger.info(
+                        "training stopped at iteration %d: %s",
+                        task.iteration,
+                        task.stop_training_reason or "a hook asked to stop",
+                    )
+                    break
                 for meter in task.meters:
                     meter.sync_state()
                 barrier()
