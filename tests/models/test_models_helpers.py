@@ -39,10 +39,20 @@ def test_split_world_in_process_groups() -> None:
     assert split_world_in_process_groups(4, 2) == [[0, 1], [2, 3]]
 
 
-def test_convert_sync_bn_without_distributed() -> None:
-    cfg = AttrDict({"MODEL": {"SYNC_BN_CONFIG": {"SYNC_BN_TYPE": "pytorch", "GROUP_SIZE": 0}}})
+def test_convert_sync_bn_is_a_no_op_with_one_process() -> None:
+    cfg = AttrDict(
+        {
+            "MODEL": {
+                "SYNC_BN_CONFIG": {
+                    "CONVERT_BN_TO_SYNC_BN": True,
+                    "SYNC_BN_TYPE": "pytorch",
+                    "GROUP_SIZE": 0,
+                }
+            }
+        }
+    )
     model = convert_sync_bn(cfg, nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)))
-    assert isinstance(model[1], nn.SyncBatchNorm)
+    assert type(model[1]) is nn.BatchNorm2d
     cfg.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE = "nvidia"
     with pytest.raises(ConfigError) as e:
         convert_sync_bn(cfg, nn.BatchNorm2d(4))

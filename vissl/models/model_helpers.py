@@ -8,12 +8,10 @@ The feature-block machinery follows VISSL: a trunk keeps its layers in an ordere
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -276,39 +274,12 @@ def split_world_in_process_groups(world_size: int, group_size: int) -> list[list
 
 
 def convert_sync_bn(config: Mapping[str, Any], model: nn.Module) -> nn.Module:
-    """Convert BatchNorm layers to ``nn.SyncBatchNorm`` per config.MODEL.SYNC_BN_CONFIG.
+    """VISSL's name for :func:`vissl.utils.sync_bn.convert_sync_batchnorm` (MODEL.SYNC_BN_CONFIG).
 
-    GROUP_SIZE: ``-1`` syncs within a machine (group = processes per node), ``0`` syncs
-    globally, ``>0`` uses groups of that many consecutive ranks. SYNC_BN_TYPE ``apex`` is
-    mapped to PyTorch's SyncBatchNorm.
+    A no-op with one process; torch's SyncBatchNorm on CUDA; a gloo implementation on CPU.
     """
-    sync_cfg = cfg_get(config, "MODEL.SYNC_BN_CONFIG", {}) or {}
-    bn_type = sync_cfg.get("SYNC_BN_TYPE", "pytorch")
-    if bn_type not in ("pytorch", "apex"):
-        raise ConfigError(
-            f"config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE={bn_type!r}: use 'pytorch' or 'apex'.",
-            "config.MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE",
-        )
-    if bn_type == "apex":
-        logger.warning("SYNC_BN_TYPE=apex: using torch.nn.SyncBatchNorm instead of apex.")
-    requested = int(sync_cfg.get("GROUP_SIZE", -1))
-    initialized = dist.is_available() and dist.is_initialized()
-    world_size = dist.get_world_size() if initialized else 1
-    if requested == 0 or not initialized:
-        group_size = None
-    elif requested > 0:
-        group_size = min(requested, world_size)
-    else:
-        per_node = cfg_get(config, "DISTRIBUTED.NUM_PROC_PER_NODE", None)
-        if per_node is None:
-            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        group_size = min(int(per_node), world_size)
-    process_group = None
-    if group_size is not None and group_size < world_size:
-        rank = dist.get_rank()
-        groups = [
-            dist.new_group(ids) for ids in split_world_in_process_groups(world_size, group_size)
-        ]
-        process_group = groups[rank // group_size]
-    logger.info("Converting BatchNorm to SyncBatchNorm (group size %s)", group_size or world_size)
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=process_group)
+    from vissl.utils.sync_bn import convert_sync_batchnorm
+
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    return convert_sync_batchnorm(model, config, device)

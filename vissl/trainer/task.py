@@ -25,6 +25,7 @@ from vissl.trainer.precision import Precision, build_precision
 from vissl.utils.checkpoint import get_rng_state, set_rng_state
 from vissl.utils.distributed import all_gather_object, get_rank, get_world_size
 from vissl.utils.perf_stats import PerfStats
+from vissl.utils.sync_bn import convert_sync_batchnorm
 
 logger = logging.getLogger(__name__)
 
@@ -41,32 +42,6 @@ def build_phases(config: AttrDict) -> list[dict[str, bool]]:
         if config.TEST_MODEL and ((epoch + 1) % every == 0 or epoch == num_epochs - 1):
             phases.append({"train": False})
     return phases
-
-
-def convert_sync_batchnorm(model: nn.Module, config: AttrDict, device: torch.device) -> nn.Module:
-    """Apply MODEL.SYNC_BN_CONFIG: a no-op with one process; torch SyncBN on CUDA."""
-    sync = config.MODEL.SYNC_BN_CONFIG
-    if not sync.CONVERT_BN_TO_SYNC_BN or get_world_size() == 1:
-        return model
-    if device.type != "cuda":
-        raise ConfigError(
-            "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True needs CUDA: torch's "
-            "SyncBatchNorm does not run on CPU with several processes. Set it to False for "
-            "CPU runs.",
-            "config.MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN",
-        )
-    group_size = int(sync.GROUP_SIZE)
-    process_group = None
-    if group_size == -1:
-        group_size = int(config.DISTRIBUTED.NUM_PROC_PER_NODE)
-    if group_size > 0 and group_size < get_world_size():
-        ranks = list(range(get_world_size()))
-        groups = [
-            torch.distributed.new_group(ranks[i : i + group_size])
-            for i in range(0, len(ranks), group_size)
-        ]
-        process_group = groups[get_rank() // group_size]
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=process_group)
 
 
 class SelfSupervisionTask:
