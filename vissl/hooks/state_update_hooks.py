@@ -28,9 +28,12 @@ class CheckNanLossHook(VisslHook):
     is NaN or Inf, after dumping this rank's input and output as VISSL did
     (``rank{r}_input_sample.pth``, ``rank{r}_model_output.pth`` in the checkpoint folder).
 
-    Finiteness of each step is written into small device buffers (no host read); they are
-    read every LOG_FREQUENCY iterations and at phase end, before any checkpoint is written
-    (this hook runs first at phase end, and checkpoints refuse non-finite weights anyway).
+    No device work per step: each step's loss (already detached by the train step) is
+    kept by reference; every LOG_FREQUENCY iterations and at phase end the kept losses are
+    stacked and read back once, with the finiteness of the last model output, before any
+    checkpoint is written (this hook runs first at phase end, and checkpoints refuse
+    non-finite weights anyway). A non-finite model output almost always makes the loss
+    non-finite; the output itself is checked on the batches of those reads.
     """
 
     priority = Priority.HIGHEST
@@ -38,32 +41,14 @@ class CheckNanLossHook(VisslHook):
     def __init__(self, window: int = 10, dump_folder: str | None = None) -> None:
         self.window = max(1, int(window))
         self.dump_folder = dump_folder
-        self._flags: torch.Tensor | None = None
-        self._losses: torch.Tensor | None = None
+        self._losses: list[torch.Tensor] = []
         self._iters: list[int] = []
         self._phases: list[int] = []
-
-    def _buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._flags is None or self._flags.device != device:
-            # column 0: loss finite, column 1: model output finite
-            self._flags = torch.ones(self.window, 2, dtype=torch.bool, device=device)
-            self._losses = torch.zeros(self.window, dtype=torch.float32, device=device)
-        assert self._losses is not None
-        return self._flags, self._losses
 
     def on_step(self, task: Any) -> None:
         loss = task.last_batch.loss if task.last_batch is not None else None
         if loss is not None:
-            flags, losses = self._buffers(loss.device)
-            slot = len(self._iters)
-            if slot >= self.window:
-                self.check(task)
-                slot = 0
-            flags[slot, 0].copy_(torch.isfinite(loss.detach()).all())
-            out_ok = _all_finite(task.last_batch.model_output)
-            if out_ok is not None:
-                flags[slot, 1].copy_(out_ok)
-            losses[slot].copy_(loss.detach().float().reshape(()))
+            self._losses.append(loss)
             self._iters.append(task.iteration if task.train else task.local_iteration_num)
             self._phases.append(task.phase_idx)
         if task.is_log_iteration or len(self._iters) >= self.window:
@@ -86,20 +71,31 @@ class CheckNanLossHook(VisslHook):
         return f" The last batch's input and output are in {inp} and {out}."
 
     def check(self, task: Any) -> None:
-        """Read the buffered flags; raise on the first non-finite loss or output."""
+        """Read the kept losses (one device read); raise on the first non-finite one."""
         n = len(self._iters)
-        if n == 0 or self._flags is None or self._losses is None:
+        if n == 0:
             return
-        rows = self._flags[:n].tolist()
-        bad = [i for i, (loss_ok, out_ok) in enumerate(rows) if not (loss_ok and out_ok)]
+        with torch.no_grad():  # the losses are detached already; no per-loss ops
+            values = torch.stack(
+                [t.float() if t.dim() == 0 else t.float().reshape(()) for t in self._losses]
+            )
+            flags = torch.isfinite(values)
+            last = task.last_batch
+            out_ok = _all_finite(last.model_output) if last is not None else None
+            if out_ok is not None:
+                flags = torch.cat([flags, out_ok.reshape(1)])
+        finite = flags.tolist()
+        bad = [i for i in range(n) if not finite[i]]
+        if not bad and out_ok is not None and not finite[n]:
+            bad = [n - 1]  # the last batch's output is non-finite, its loss is not
         if bad:
             first = bad[0]
-            value = float(self._losses[first].item())
+            value = float(values[first].item())
             iteration, phase = self._iters[first], self._phases[first]
             kind = "train" if task.train else "test"
             what = (
                 f"non-finite loss {value}"
-                if not rows[first][0]
+                if not finite[first]
                 else f"non-finite model output (loss {value})"
             )
             dumped = self._dump(task)
@@ -108,7 +104,7 @@ class CheckNanLossHook(VisslHook):
                 "learning rate (config.OPTIMIZER.param_schedulers.lr), check the data, or set "
                 "config.HOOKS.CHECK_NAN=False to train on anyway."
             )
-        self._flags.fill_(True)
+        self._losses.clear()
         self._iters.clear()
         self._phases.clear()
 

@@ -20,7 +20,7 @@ from torch import nn
 from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
-from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer
+from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer_from_config
 from vissl.trainer.precision import Precision, build_precision
 from vissl.utils.checkpoint import get_rng_state, set_rng_state
 from vissl.utils.distributed import all_gather_object, get_rank, get_world_size
@@ -183,12 +183,7 @@ class SelfSupervisionTask:
                 cfg.OPTIMIZER, self.base_model, param_schedulers=self.param_schedulers
             )
         self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
-        self.grad_reducer = build_gradient_reducer(
-            world_size,
-            manual=self.enable_manual_gradient_reduction,
-            broadcast_buffers=bool(cfg.DISTRIBUTED.BROADCAST_BUFFERS),
-            bucket_cap_mb=float(cfg.DATA.DDP_BUCKET_CAP_MB),
-        )
+        self.grad_reducer = build_gradient_reducer_from_config(cfg, world_size)
         self.model = self.grad_reducer.wrap(self.base_model, self.device)
         compile_cfg = cfg.MODEL.COMPILE
         if compile_cfg.USE_COMPILE:
