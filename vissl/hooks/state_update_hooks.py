@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vissl.hooks.base import Priority, VisslHook
+from vissl.utils.checkpoint import detach_to_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ class CheckNanLossHook(VisslHook):
         os.makedirs(self.dump_folder, exist_ok=True)
         out = os.path.join(self.dump_folder, f"rank{rank}_model_output.pth")
         inp = os.path.join(self.dump_folder, f"rank{rank}_input_sample.pth")
-        torch.save(_detached_cpu(task.last_batch.model_output), out)
-        torch.save(_detached_cpu(task.last_batch.sample.get("input")), inp)
+        torch.save(detach_to_cpu(task.last_batch.model_output), out)
+        torch.save(detach_to_cpu(task.last_batch.sample.get("input")), inp)
         return f" The last batch's input and output are in {inp} and {out}."
 
     def check(self, task: Any) -> None:
@@ -107,16 +108,6 @@ class CheckNanLossHook(VisslHook):
         self._losses.clear()
         self._iters.clear()
         self._phases.clear()
-
-
-def _detached_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _detached_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_detached_cpu(v) for v in obj]
-    return obj
 
 
 class GradClipHook(VisslHook):

@@ -22,7 +22,7 @@ from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer_from_config
 from vissl.trainer.precision import Precision, build_precision
-from vissl.utils.checkpoint import get_rng_state, set_rng_state
+from vissl.utils.checkpoint import detach_to_cpu, get_rng_state, set_rng_state
 from vissl.utils.distributed import all_gather_object, get_rank, get_world_size
 from vissl.utils.perf_stats import PerfStats
 from vissl.utils.sync_bn import convert_sync_batchnorm
@@ -262,7 +262,7 @@ class SelfSupervisionTask:
         meters = []
         for m in self.meters:
             state = m.state_dict() if hasattr(m, "state_dict") else {}
-            meters.append(_to_cpu(state))
+            meters.append(detach_to_cpu(state))
         return {"rng": get_rng_state(), "meters": meters}
 
     def state_dict(self, phase_complete: bool = True) -> dict[str, Any]:
@@ -384,13 +384,3 @@ class SelfSupervisionTask:
         if pending["rng"] is not None:
             set_rng_state(pending["rng"])
         self.pending_resume = None
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj

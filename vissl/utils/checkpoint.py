@@ -145,6 +145,17 @@ def find_resume_checkpoint(folder: str, nth_latest: int = 1) -> str | None:
     return os.path.join(folder, ckpts[-index][2])
 
 
+def detach_to_cpu(obj: Any) -> Any:
+    """Tensors (nested in dicts, lists, tuples) detached and copied to CPU, for saving."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: detach_to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(detach_to_cpu(v) for v in obj)
+    return obj
+
+
 # ---------------------------------------------------------------------- RNG state
 def get_rng_state() -> dict[str, Any]:
     """Python, numpy, torch (and CUDA) RNG states as tensors and plain containers."""
