@@ -193,7 +193,7 @@ def compose(args: argparse.Namespace, checkpoint_dir: str, perf_stats: bool) -> 
 def make_batches(cfg: AttrDict, args: argparse.Namespace, device: torch.device) -> list[Any]:
     """The batch dicts, collated by vissl's loader once and kept in memory on ``device``."""
     from vissl.data import build_dataset, get_loader
-    from vissl.trainer.train_steps.standard_train_step import move_to_device
+    from vissl.data.batch import move_to_device
 
     loader = get_loader(
         build_dataset(cfg, "TRAIN"),

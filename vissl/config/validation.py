@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from vissl.errors import ConfigError, UnknownKeyError
+from vissl.utils.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
@@ -195,19 +196,19 @@ def _dynamic_section_ok(path: str) -> bool:
     parts = path.split(".")
     if len(parts) < 2:
         return False
+    # Registries are looked up by name: config/ does not import the plugin packages
+    # (they are imported, with the user's plugins, before validation runs).
     if parts[0] == "LOSS":
-        from vissl.losses import LOSS_REGISTRY
-
-        if parts[1] in LOSS_REGISTRY:
+        losses = get_registry("loss")
+        if losses is not None and parts[1] in losses:
             return True
         import torch.nn as nn
 
         obj = getattr(nn, parts[1], None)
         return isinstance(obj, type) and issubclass(obj, nn.Module)
     if parts[0] == "METERS":
-        from vissl.meters import METER_REGISTRY
-
-        return parts[1] in METER_REGISTRY
+        meters = get_registry("meter")
+        return meters is not None and parts[1] in meters
     return False
 
 

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from vissl.config.attr_dict import AttrDict
+from vissl.data.batch import construct_sample_for_model, move_to_device
 from vissl.engines import Engine, register_engine
+from vissl.engines.run_context import RunContext
 from vissl.engines.train import set_seeds
-from vissl.trainer.train_steps.standard_train_step import construct_sample_for_model, move_to_device
 from vissl.utils.distributed import get_rank, get_world_size
 from vissl.utils.env import get_device
 from vissl.utils.logger import setup_logging, shutdown_logging
@@ -171,17 +172,8 @@ def extract_main(
 class ExtractFeaturesEngine(Engine):
     """Save the features of a model for every sample of TRAIN and TEST."""
 
-    def run_engine(
-        self,
-        cfg: Any,
-        dist_run_id: str,
-        checkpoint_path: str | None,
-        checkpoint_folder: str,
-        local_rank: int,
-        node_id: int,
-        hook_generator: Callable[[Any], list[Any]],
-    ) -> Any:
-        return extract_main(cfg, checkpoint_path, checkpoint_folder, local_rank)
+    def run_engine(self, ctx: RunContext) -> Any:
+        return extract_main(ctx.cfg, ctx.checkpoint_path, ctx.checkpoint_folder, ctx.local_rank)
 
 
 class ExtractedFeaturesLoader:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import logging
 import random
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 
 from vissl.config.attr_dict import AttrDict
 from vissl.engines import Engine, register_engine
+from vissl.engines.run_context import RunContext
 from vissl.trainer.trainer_main import SelfSupervisionTrainer
 from vissl.utils.distributed import get_rank
 from vissl.utils.env import get_device
@@ -31,18 +31,9 @@ def set_seeds(cfg: Any, rank: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def train_main(
-    cfg: Any,
-    dist_run_id: str,
-    checkpoint_path: str | None,
-    checkpoint_folder: str,
-    local_rank: int = 0,
-    node_id: int = 0,
-    hook_generator: Callable[[Any], list[Any]] | None = None,
-) -> Any:
+def train_main(ctx: RunContext) -> Any:
     """Train in this process (the process group, if any, is already initialised)."""
-    from vissl.hooks import default_hook_generator
-
+    cfg, checkpoint_folder = ctx.cfg, ctx.checkpoint_folder
     rank = get_rank()
     # Hooks read CHECKPOINT.DIR: make it the folder this run really uses (it differs with
     # APPEND_DISTR_RUN_ID), on a copy so the caller's config is untouched.
@@ -50,13 +41,13 @@ def train_main(
     cfg.CHECKPOINT.DIR = checkpoint_folder
     setup_logging(checkpoint_folder, rank, verbose=bool(cfg.VERBOSE))
     try:
-        device = get_device(cfg, local_rank)
+        device = get_device(cfg, ctx.local_rank)
         set_seeds(cfg, rank)
         if cfg.REPRODUCIBILITY.CUDDN_DETERMINISTIC:
             torch.backends.cudnn.deterministic = True
             torch.backends.cudnn.benchmark = False
-        hooks = (hook_generator or default_hook_generator)(cfg)
-        trainer = SelfSupervisionTrainer(cfg, checkpoint_folder, device, hooks, checkpoint_path)
+        hooks = ctx.hook_generator(cfg)
+        trainer = SelfSupervisionTrainer(cfg, checkpoint_folder, device, hooks, ctx.checkpoint_path)
         return trainer.train()
     finally:
         shutdown_logging()
@@ -66,22 +57,5 @@ def train_main(
 class TrainEngine(Engine):
     """Self-supervised or supervised training with optional test phases."""
 
-    def run_engine(
-        self,
-        cfg: Any,
-        dist_run_id: str,
-        checkpoint_path: str | None,
-        checkpoint_folder: str,
-        local_rank: int,
-        node_id: int,
-        hook_generator: Callable[[Any], list[Any]],
-    ) -> Any:
-        return train_main(
-            cfg,
-            dist_run_id,
-            checkpoint_path,
-            checkpoint_folder,
-            local_rank,
-            node_id,
-            hook_generator,
-        )
+    def run_engine(self, ctx: RunContext) -> Any:
+        return train_main(ctx)

@@ -56,6 +56,16 @@ def closest_match(name: str, candidates: list[str]) -> str | None:
     return lowered[best[0]] if best else None
 
 
+#: Every registry by its name (the first one created under a name), so lower layers
+#: (config validation) can look names up without importing the packages that own them.
+_ALL_REGISTRIES: dict[str, Registry[Any]] = {}
+
+
+def get_registry(name: str) -> Registry[Any] | None:
+    """The registry created under ``name`` (``"loss"``, ``"meter"``, ...), if any."""
+    return _ALL_REGISTRIES.get(name)
+
+
 class Registry(Generic[T]):
     """A name -> object map with helpful errors.
 
@@ -73,6 +83,7 @@ class Registry(Generic[T]):
         self.base = base
         self._entries: dict[str, _Entry[T]] = {}
         self._fallbacks: list[Callable[[str], T | None]] = []
+        _ALL_REGISTRIES.setdefault(name, self)
 
     # ------------------------------------------------------------------ registration
     @overload
