@@ -35,16 +35,21 @@ class TopKListMeter:
         topk_values: the ``k`` values, e.g. ``[1, 5]``.
         meter_names: optional names of the outputs, used as keys of :attr:`value`
             (several outputs may share a name; their values then form a list).
+        device: where the counters live (the task's device, so that ``sync_state``
+            all-reduces them with NCCL even when the meter was never updated).
     """
 
     #: registry name, also the ``METERS.<name>`` config block.
     NAME = ""
+    #: :meth:`update` takes ``valid=`` (rows to skip, such as the sampler's padding).
+    supports_valid_mask = True
 
     def __init__(
         self,
         num_meters: int = 1,
         topk_values: Sequence[int] = (1,),
         meter_names: Sequence[str] | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         key = f"config.METERS.{self.NAME}"
         if not _is_pos_int(num_meters):
@@ -73,18 +78,23 @@ class TopKListMeter:
         self._num_meters = int(num_meters)
         self._topk_values = [int(k) for k in topk_values]
         self._meter_names = names
-        self._device = torch.device("cpu")
+        self._device = torch.device("cpu" if device is None else device)
         self.reset()
 
     # ------------------------------------------------------------------ config
     @classmethod
-    def from_config(cls, meters_config: Mapping[str, Any] | None) -> TopKListMeter:
+    def from_config(
+        cls,
+        meters_config: Mapping[str, Any] | None,
+        device: torch.device | str | None = None,
+    ) -> TopKListMeter:
         """Build from ``METERS.<name>`` (``num_meters``, ``topk_values``, ``meter_names``)."""
         cfg = meters_config or {}
         return cls(
             num_meters=cfg.get("num_meters", 1),
             topk_values=cfg.get("topk_values", [1]),
             meter_names=cfg.get("meter_names") or [],
+            device=device,
         )
 
     @property
@@ -104,9 +114,14 @@ class TopKListMeter:
     def meter_names(self) -> list[str]:
         return list(self._meter_names)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the counters live."""
+        return self._device
+
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Zero every counter (current and synced)."""
+        """Zero every counter (current and synced), on the meter's device."""
         dtype = _count_dtype(self._device)
         shape = (self._num_meters, len(self._topk_values))
         self._curr_hits = torch.zeros(shape, dtype=dtype, device=self._device)
@@ -188,11 +203,12 @@ class TopKListMeter:
 
     # ------------------------------------------------------------------ update
     def _counts(
-        self, output: torch.Tensor, target: torch.Tensor
+        self, output: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         """Per-k hit counts ``(len(topk_values),)`` and the denominator of one batch.
 
-        The denominator is a 0-d tensor or a Python number known from shapes alone.
+        ``weight`` is ``None`` (every row counts) or a ``(B,)`` float tensor of 0/1 row
+        weights. The denominator is a 0-d tensor or a Python number known from shapes alone.
         """
         raise NotImplementedError
 
@@ -225,7 +241,10 @@ class TopKListMeter:
         return one_hot.scatter_(1, target.detach().long().view(-1, 1), 1.0)
 
     def update(
-        self, model_output: torch.Tensor | Sequence[torch.Tensor], target: torch.Tensor
+        self,
+        model_output: torch.Tensor | Sequence[torch.Tensor],
+        target: torch.Tensor,
+        valid: torch.Tensor | None = None,
     ) -> None:
         """Add one batch; never reads values back to the host.
 
@@ -233,6 +252,8 @@ class TopKListMeter:
             model_output: a ``(B, C)`` tensor, or a list of ``num_meters`` of them
                 (logits or probabilities).
             target: ``(B,)`` class indices or ``(B, C)`` one-hot / multi-label targets.
+            valid: optional ``(B,)`` flags; rows whose flag is 0 are not counted (VISSL's
+                ``data_valid``, 0 for the duplicates a ``DistributedSampler`` pads with).
         """
         outputs = [model_output] if isinstance(model_output, torch.Tensor) else list(model_output)
         if len(outputs) != self._num_meters:
@@ -246,12 +267,18 @@ class TopKListMeter:
                 raise ValueError(
                     f"{self.name}: each model output must be (B, C), got {tuple(out.shape)}."
                 )
+        if valid is not None and (valid.ndim != 1 or valid.shape[0] != outputs[0].shape[0]):
+            raise ValueError(
+                f"{self.name}: valid flags of shape {tuple(valid.shape)} do not match the "
+                f"batch of {outputs[0].shape[0]} rows."
+            )
         self._move_to(outputs[0].device)
         self._pristine = False
+        weight = None if valid is None else valid.to(outputs[0].device).ne(0).to(torch.float32)
         for i, out in enumerate(outputs):
             if out.shape[0] == 0:
                 continue
-            hits, denom = self._counts(out, target.to(out.device))
+            hits, denom = self._counts(out, target.to(out.device), weight)
             self._curr_hits[i] += hits.to(self._curr_hits.device, self._curr_hits.dtype)
             if isinstance(denom, torch.Tensor):
                 denom = denom.to(self._curr_denom.device, self._curr_denom.dtype)

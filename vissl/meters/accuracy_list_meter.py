@@ -20,7 +20,7 @@ class AccuracyListMeter(TopKListMeter):
     NAME = "accuracy_list_meter"
 
     def _counts(
-        self, output: torch.Tensor, target: torch.Tensor
+        self, output: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         if target.ndim == 2 and target.shape == output.shape:
             target = target.argmax(dim=1)
@@ -33,9 +33,11 @@ class AccuracyListMeter(TopKListMeter):
             )
         pred = self._topk_classes(output)
         correct = pred.eq(target.detach().long().view(-1, 1)).to(torch.float32)
+        if weight is not None:
+            correct = correct * weight.view(-1, 1)
         cumulative = correct.cumsum(dim=1).sum(dim=0)
         hits = torch.stack([cumulative[k - 1] for k in self._topk_values])
-        return hits, float(output.shape[0])
+        return hits, float(output.shape[0]) if weight is None else weight.sum()
 
     def _ratio(self, hits: float, denom: float, k: int) -> float:
         return hits / denom

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
@@ -40,12 +43,26 @@ def meter_names_from_config(meters_config: Mapping[str, Any] | None) -> list[str
     return names
 
 
-def build_meters(meters_config: Mapping[str, Any] | None) -> list[Any]:
+def _takes_device(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "device" in params
+
+
+def build_meters(
+    meters_config: Mapping[str, Any] | None, device: torch.device | str | None = None
+) -> list[Any]:
     """Build every meter named by ``METERS.names`` (or the deprecated ``METERS.name``).
 
     Args:
         meters_config: the ``config.METERS`` section (``None`` or empty: no meters). Each
             meter's parameters come from ``METERS.<name>``.
+        device: where the meters keep their state (the task's device; default CPU). NCCL
+            all-reduces only GPU tensors, so a meter synced at phase end must hold its
+            counters there even if it never saw a batch. Passed to meters whose
+            ``from_config`` (or constructor) takes a ``device`` argument.
 
     Returns:
         The meters, in the order of the names.
@@ -54,6 +71,7 @@ def build_meters(meters_config: Mapping[str, Any] | None) -> list[Any]:
         UnknownNameError: a name that no meter is registered under.
         ConfigError: invalid meter parameters.
     """
+    device = torch.device("cpu" if device is None else device)
     meters = []
     for name in meter_names_from_config(meters_config):
         cls = METER_REGISTRY.get(name)
@@ -65,5 +83,10 @@ def build_meters(meters_config: Mapping[str, Any] | None) -> list[Any]:
             )
         params = AttrDict(params or {})
         from_config = getattr(cls, "from_config", None)
-        meters.append(from_config(params) if callable(from_config) else cls(**params))
+        if callable(from_config):
+            extra = {"device": device} if _takes_device(from_config) else {}
+            meters.append(from_config(params, **extra))
+        else:
+            extra = {"device": device} if "device" not in params and _takes_device(cls) else {}
+            meters.append(cls(**params, **extra))
     return meters

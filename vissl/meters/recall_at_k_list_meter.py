@@ -20,11 +20,14 @@ class RecallAtKListMeter(TopKListMeter):
     NAME = "recall_at_k_list_meter"
 
     def _counts(
-        self, output: torch.Tensor, target: torch.Tensor
+        self, output: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | float]:
         targets = self._one_hot_target(target, output)
         pred = self._topk_classes(output)
         hit = targets.gather(1, pred).clamp(max=1.0)
+        if weight is not None:
+            hit = hit * weight.view(-1, 1)
+            targets = targets * weight.view(-1, 1)
         cumulative = hit.cumsum(dim=1).sum(dim=0)
         hits = torch.stack([cumulative[k - 1] for k in self._topk_values])
         return hits, targets.sum()
