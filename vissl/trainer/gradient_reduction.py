@@ -47,6 +47,19 @@ _DDP_BUFFER_KWARG = (
 )
 
 
+def unwrap_compiled(model: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``), else ``model``.
+
+    ``MODEL.COMPILE`` wraps the (DDP) model after the reducer did; type checks on the
+    model must look through that wrapper.
+    """
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module) or inner is model:
+            return model
+        model = inner
+
+
 class NoReduction:
     """Nothing to reduce (a single process)."""
 
@@ -132,6 +145,7 @@ class ManualReduction(DDPReduction):
 
     @contextlib.contextmanager
     def _context(self, model: nn.Module) -> Iterator[None]:
+        model = unwrap_compiled(model)
         if not isinstance(model, DistributedDataParallel):
             yield
             return
@@ -142,6 +156,7 @@ class ManualReduction(DDPReduction):
             yield
 
     def context(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """DDP's ``no_sync`` (also through a ``torch.compile`` wrapper) and buffer broadcast."""
         return self._context(model)
 
     def _params_to_reduce(self, model: nn.Module) -> list[nn.Parameter]:
