@@ -12,12 +12,9 @@ import pytest
 
 from tests.integration._runs import REPO, run_config
 from vissl.errors import ConfigError, TrainingPreempted
-from vissl.utils import distributed_launcher
-from vissl.utils.distributed_launcher import (
-    DistributedWorkerError,
-    _make_rendezvous,
-    launch_distributed,
-)
+from vissl.launch import rendezvous
+from vissl.launch.rendezvous import make_rendezvous
+from vissl.utils.distributed_launcher import DistributedWorkerError, launch_distributed
 from vissl.utils.hydra_config import hydra_compose_and_validate
 from vissl.utils.test_utils import find_free_port
 
@@ -132,8 +129,8 @@ def test_busy_port_with_run_id_auto_is_retried(monkeypatch):
         busy = s.getsockname()[1]
         free = find_free_port()
         ports = iter([busy, busy, free])
-        monkeypatch.setattr(distributed_launcher, "find_free_port", lambda: next(ports))
-        rdzv = _make_rendezvous(_cfg(*TWO), node_id=0, num_nodes=1)
+        monkeypatch.setattr(rendezvous, "find_free_port", lambda: next(ports))
+        rdzv = make_rendezvous(_cfg(*TWO), node_id=0, num_nodes=1)
         try:
             assert rdzv.run_id == f"127.0.0.1:{free}"
         finally:
@@ -180,7 +177,8 @@ def test_torchrun_mismatch_is_a_clear_error(tmp_path, monkeypatch):
 @pytest.mark.timeout(120)
 def test_sigterm_to_the_launcher_checkpoints_stops_and_resumes(tmp_path):
     """SIGTERM reaches the launcher (a scheduler stopping the job): it is forwarded to the
-    workers, which save an iteration checkpoint; a second launch resumes and finishes."""
+    workers, which agree to stop (here at the end of the 2-step phase, where the ranks
+    agree at once) and leave a checkpoint; a second launch resumes and finishes."""
     common = [
         *TWO,
         *SMALL,
@@ -192,7 +190,7 @@ def test_sigterm_to_the_launcher_checkpoints_stops_and_resumes(tmp_path):
     ]
     with pytest.raises(TrainingPreempted):
         run_config(TINY, *common)
-    saved = sorted(p.name for p in tmp_path.glob("model_iteration*.torch"))
+    saved = sorted(p.name for p in tmp_path.glob("model_*.torch"))
     assert saved and not list(tmp_path.glob("model_final*"))
     run_config(TINY, *common)
     log = (tmp_path / "log.txt").read_text()

@@ -12,9 +12,7 @@ import torch
 
 from vissl.utils.checkpoint import (
     CheckpointLoadError,
-    find_resume_checkpoint,
     get_rng_state,
-    has_final_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
@@ -66,16 +64,14 @@ def test_truncated_file_is_a_clear_error(tmp_path):
         load_checkpoint(str(tmp_path / "model_phase0.torch"))
 
 
-def test_resume_lookup_and_final_detection(tmp_path):
-    assert find_resume_checkpoint(str(tmp_path)) is None
-    save_checkpoint(str(tmp_path), "model_phase0.torch", {})
-    save_checkpoint(str(tmp_path), "model_iteration7.torch", {})
-    assert [k for k, _, _ in list_checkpoints(str(tmp_path))] == ["phase", "iteration"]
-    assert find_resume_checkpoint(str(tmp_path)).endswith("model_iteration7.torch")
-    assert find_resume_checkpoint(str(tmp_path), 2).endswith("model_phase0.torch")
-    assert not has_final_checkpoint(str(tmp_path))
-    save_checkpoint(str(tmp_path), "model_final_checkpoint_phase1.torch", {})
-    assert has_final_checkpoint(str(tmp_path))
+def test_list_checkpoints_orders_by_recorded_progress(tmp_path):
+    save_checkpoint(str(tmp_path), "model_iteration9.torch", {"iteration": 9, "phase_idx": 2})
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {"iteration": 3, "phase_idx": 0})
+    (tmp_path / "model_phase1.torch").write_bytes(b"not a checkpoint")
+    unreadable: list[str] = []
+    names = [n for _, _, n in list_checkpoints(str(tmp_path), unreadable)]
+    assert names == ["model_phase0.torch", "model_iteration9.torch"]
+    assert unreadable == ["model_phase1.torch"]
 
 
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):

@@ -1,4 +1,7 @@
-"""Checkpoints at phase end (and every N iterations), and ``metrics.json`` per phase."""
+"""When to checkpoint (phase ends, every N iterations), and ``metrics.json`` per phase.
+
+What a checkpoint holds, writing it and resuming are in :mod:`vissl.trainer.checkpointing`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,9 @@ import logging
 import os
 from typing import Any
 
-import torch
-
 from vissl.hooks.base import Priority, VisslHook
-from vissl.hooks.state_update_hooks import CheckNanLossHook
-from vissl.utils.checkpoint import prune_checkpoints, remove_stale_temporary_files, save_checkpoint
-from vissl.utils.distributed import barrier, is_primary
+from vissl.utils.checkpoint import remove_stale_temporary_files
+from vissl.utils.distributed import is_primary
 
 logger = logging.getLogger(__name__)
 
@@ -58,45 +58,6 @@ class LogMetricsHook(VisslHook):
                 f.write(json.dumps(record) + "\n")
 
 
-def _non_finite_parameters(task: Any) -> list[str]:
-    """Names of parameters/buffers with NaN or Inf (one device read for the whole model)."""
-    named = [(n, t) for n, t in task.base_model.state_dict().items() if t.is_floating_point()]
-    if not named:
-        return []
-    flags = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
-    return [n for (n, _), ok in zip(named, flags, strict=True) if not ok]
-
-
-def save_task_checkpoint(
-    task: Any, folder: str, filename: str, phase_complete: bool = True, keep_last: int = -1
-) -> str | None:
-    """Write ``task``'s state as ``folder/filename`` (collective; rank 0 writes).
-
-    Never writes from non-finite weights: raises ``FloatingPointError`` naming them, and
-    the previous checkpoint stays the newest.
-    """
-    # A pending NaN check names the iteration where things went wrong; run it first.
-    for hook in task.hooks:
-        if isinstance(hook, CheckNanLossHook):
-            hook.check(task)
-    bad = _non_finite_parameters(task)
-    if bad:
-        raise FloatingPointError(
-            f"refusing to write {filename}: non-finite values in {bad[:10]} at iteration "
-            f"{task.iteration}. The previous checkpoint is kept; resume from it with a lower "
-            "learning rate."
-        )
-    state = task.state_dict(phase_complete=phase_complete)  # collective
-    path = None
-    if is_primary():
-        path = save_checkpoint(folder, filename, state)
-        removed = prune_checkpoints(folder, keep_last, protect=filename)
-        if removed:
-            logger.info("removed old checkpoints %s (CHECKPOINT.KEEP_LAST_N_CHECKPOINTS)", removed)
-    barrier()
-    return path
-
-
 class CheckpointHook(VisslHook):
     """Save checkpoints: every CHECKPOINT_FREQUENCY train phases, the last train phase
     always (as ``model_final_checkpoint_phase{N}.torch``), and every
@@ -124,9 +85,9 @@ class CheckpointHook(VisslHook):
             remove_stale_temporary_files(self.checkpoint_folder)
 
     def _save(self, task: Any, filename: str, phase_complete: bool) -> None:
-        path = save_task_checkpoint(
-            task, self.checkpoint_folder, filename, phase_complete, keep_last=self.keep_last
-        )
+        # What a checkpoint holds and how it is written live in vissl.trainer.checkpointing
+        # (behind task.save_checkpoint); this hook only decides when.
+        path = task.save_checkpoint(filename, phase_complete, keep_last=self.keep_last)
         if path:
             self.saved.append(path)
 

@@ -58,6 +58,10 @@ class CheckNanLossHook(VisslHook):
     def on_phase_end(self, task: Any) -> None:
         self.check(task)
 
+    def before_save(self, task: Any) -> None:
+        """A pending check names the iteration where things went wrong: run it before a save."""
+        self.check(task)
+
     def _dump(self, task: Any) -> str:
         if not self.dump_folder or task.last_batch is None:
             return ""

@@ -22,8 +22,7 @@ from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer_from_config
 from vissl.trainer.precision import Precision, build_precision
-from vissl.utils.checkpoint import detach_to_cpu, get_rng_state, set_rng_state
-from vissl.utils.distributed import all_gather_object, get_rank, get_world_size
+from vissl.utils.distributed import broadcast_coalesced, get_rank, get_world_size
 from vissl.utils.perf_stats import PerfStats
 from vissl.utils.sync_bn import convert_sync_batchnorm
 
@@ -88,7 +87,11 @@ class SelfSupervisionTask:
         self.data_iterator: Iterator[Any] = iter(())
         self.precision: Precision = Precision()
         self.grad_reducer: NoReduction = NoReduction()
-        self.perf_stats: PerfStats | None = None
+        # Shared between hooks: declared here, set by the hook named.
+        self.perf_stats: PerfStats | None = None  # LogPerfTimeMetricsHook (None: timers off)
+        self.tensorboard_writer: Any = None  # SSLTensorboardHook, on the primary rank
+        self.checkpoints_written: list[str] = []  # every checkpoint this run wrote
+        self.phase_checkpoint_start = 0  # len(checkpoints_written) when the phase began
         self.last_batch: Any = None
         self.additional_log_data: dict[str, Any] = {}
         self.checkpoint: dict[str, Any] | None = None
@@ -170,6 +173,11 @@ class SelfSupervisionTask:
         if self.channels_last:
             self.base_model = self.base_model.to(memory_format=torch.channels_last)
         self.loss = build_loss(cfg.LOSS).to(self.device)
+        # Prototypes, queues, centers and teachers start equal on every rank, although
+        # each rank seeds with SEED_VALUE + rank (DDP does the same for the model).
+        loss_state = [*self.loss.parameters(), *self.loss.buffers()]
+        if world_size > 1 and loss_state:
+            broadcast_coalesced([t.data for t in loss_state], src=0)
         self.meters = build_meters(cfg.METERS)
         if "TRAIN" in self.available_splits:
             self.param_schedulers = build_param_schedulers(
@@ -223,6 +231,11 @@ class SelfSupervisionTask:
         n = self.iteration if self.train else self.local_iteration_num + 1
         return n == 1 or n % max(1, int(self.config.LOG_FREQUENCY)) == 0
 
+    @property
+    def checkpoints_written_this_phase(self) -> list[str]:
+        """Checkpoints written since the current phase started."""
+        return self.checkpoints_written[self.phase_checkpoint_start :]
+
     def get_global_batchsize(self) -> int:
         """Samples per optimizer step over all ranks (times the accumulation steps)."""
         split = "TRAIN" if self.train else "TEST"
@@ -257,130 +270,34 @@ class SelfSupervisionTask:
         return float(self._phase_loss_sum.item()) / self._phase_loss_count
 
     # ------------------------------------------------------------------ state
-    def _rank_state(self) -> dict[str, Any]:
-        """This rank's own state: RNGs and meter partial sums (gathered to rank 0)."""
-        meters = []
-        for m in self.meters:
-            state = m.state_dict() if hasattr(m, "state_dict") else {}
-            meters.append(detach_to_cpu(state))
-        return {"rng": get_rng_state(), "meters": meters}
+    def phase_loss_state(self) -> tuple[float, int]:
+        """``(sum, count)`` of this phase's losses so far (reads the device once)."""
+        total = float(self._phase_loss_sum.item()) if self._phase_loss_sum is not None else 0.0
+        return total, self._phase_loss_count
 
-    def state_dict(self, phase_complete: bool = True) -> dict[str, Any]:
-        """Everything needed to resume, as tensors and plain containers (VISSL's layout).
-
-        Collective with several processes (every rank must call it): per-rank RNG and
-        meter states are gathered into ``classy_state_dict["per_rank"]``.
-
-        Args:
-            phase_complete: True at a phase end; False for an iteration checkpoint, which
-                resumes inside the phase, after ``local_iteration_num`` batches.
-        """
-        from vissl.hooks.base import hook_name
-        from vissl.utils.hydra_config import config_to_yaml
-
-        model_state = self.base_model.state_dict()
-        trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
-        heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
-        other = {k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))}
-        per_rank: list[dict[str, Any]] = all_gather_object(self._rank_state())  # type: ignore[assignment]
-        loss_sum = float(self._phase_loss_sum.item()) if self._phase_loss_sum is not None else 0.0
-        classy_state = {
-            "train": self.train,
-            "base_model": {"model": {"trunk": trunk, "heads": heads, "other": other}, "meta": {}},
-            "meters": per_rank[0]["meters"],
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
-            "phase_idx": self.phase_idx,
-            "train_phase_idx": self.train_phase_idx,
-            "num_updates": self.num_updates,
-            "losses": [],
-            "hooks": {hook_name(h): h.state_dict() for h in self.hooks if hasattr(h, "state_dict")},
-            "loss": self.loss.state_dict(),
-            "amp": self.precision.state_dict(),
-            "phase_complete": phase_complete,
-            "phase_loss": {"sum": loss_sum, "count": self._phase_loss_count},
-            "world_size": get_world_size(),
-            "per_rank": per_rank,
-        }
-        return {
-            "phase_idx": self.phase_idx,
-            "iteration": self.iteration,
-            "train_phase_idx": self.train_phase_idx,
-            "iteration_num": self.local_iteration_num,
-            "loss": self.loss.state_dict(),
-            "config": config_to_yaml(self.config),
-            "classy_state_dict": classy_state,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint written by :meth:`state_dict`.
-
-        A phase-end checkpoint resumes at the next phase. An iteration checkpoint re-enters
-        its phase and skips the batches already trained on (see :attr:`pending_resume`).
-        """
-        from vissl.hooks.base import hook_name
-
-        classy = state["classy_state_dict"]
-        model = classy["base_model"]["model"]
-        full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
-        full.update({f"heads.{k}": v for k, v in model["heads"].items()})
-        full.update(model.get("other", {}))
-        self.base_model.load_state_dict(full)
-        if self.optimizer is not None and classy.get("optimizer"):
-            self.optimizer.load_state_dict(classy["optimizer"])
-        self.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
-        self.precision.load_state_dict(classy.get("amp", {}))
-        hook_states = classy.get("hooks", {})
-        for h in self.hooks:
-            if hook_name(h) in hook_states and hasattr(h, "load_state_dict"):
-                h.load_state_dict(hook_states[hook_name(h)])
-        self.phase_idx = int(classy["phase_idx"])
-        self.train_phase_idx = int(classy["train_phase_idx"])
-        self.num_updates = int(classy["num_updates"])
-        self.iteration = int(state["iteration"])
-
-        per_rank = classy.get("per_rank") or []
-        mine = (
-            per_rank[get_rank()]
-            if get_rank() < len(per_rank)
-            else (per_rank[0] if per_rank else {})
-        )
-        if per_rank and len(per_rank) != get_world_size():
-            logger.warning(
-                "checkpoint was written by %d processes, this run has %d: RNG and meter states "
-                "of rank 0 are used, so the run continues but is not bitwise reproducible.",
-                len(per_rank),
-                get_world_size(),
-            )
-        if classy.get("phase_complete", True):
-            if "rng" in mine:
-                set_rng_state(mine["rng"])
-            self.pending_resume = None
-        else:
-            # Re-enter the phase: the trainer advances to phase_idx again and skips the
-            # batches already seen; RNG states are restored after the data iterator exists.
-            self.phase_idx -= 1
-            if classy["train"]:
-                self.train_phase_idx -= 1
-            self.pending_resume = {
-                "start_iter": int(state["iteration_num"]),
-                "phase_loss": classy.get("phase_loss", {"sum": 0.0, "count": 0}),
-                "meters": mine.get("meters", []),
-                "rng": mine.get("rng"),
-            }
-
-    def restore_mid_phase(self) -> None:
-        """Called by the trainer right after the data iterator of a resumed phase exists."""
-        pending = self.pending_resume
-        if pending is None:
-            return
-        self.local_iteration_num = pending["start_iter"]
+    def set_phase_loss(self, total: float, count: int) -> None:
+        """Restore this phase's running loss (mid-phase resume)."""
         self.reset_phase_loss()
         assert self._phase_loss_sum is not None
-        self._phase_loss_sum.fill_(float(pending["phase_loss"]["sum"]))
-        self._phase_loss_count = int(pending["phase_loss"]["count"])
-        for meter, meter_state in zip(self.meters, pending["meters"], strict=False):
-            if hasattr(meter, "load_state_dict") and meter_state:
-                meter.load_state_dict(meter_state)
-        if pending["rng"] is not None:
-            set_rng_state(pending["rng"])
-        self.pending_resume = None
+        self._phase_loss_sum.fill_(total)
+        self._phase_loss_count = count
+
+    def save_checkpoint(
+        self, filename: str, phase_complete: bool = True, keep_last: int = -1
+    ) -> str | None:
+        """See :func:`vissl.trainer.checkpointing.save_task_checkpoint` (collective)."""
+        from vissl.trainer.checkpointing import save_task_checkpoint
+
+        return save_task_checkpoint(self, filename, phase_complete, keep_last)
+
+    def state_dict(self, phase_complete: bool = True) -> dict[str, Any]:
+        """See :func:`vissl.trainer.checkpointing.checkpoint_state` (collective)."""
+        from vissl.trainer.checkpointing import checkpoint_state
+
+        return checkpoint_state(self, phase_complete)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """See :func:`vissl.trainer.checkpointing.restore_checkpoint_state`."""
+        from vissl.trainer.checkpointing import restore_checkpoint_state
+
+        restore_checkpoint_state(self, state)

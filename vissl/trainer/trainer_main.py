@@ -7,15 +7,21 @@ The loop::
     for each phase:
         advance phase (sampler epoch, data iterator, model.train/eval, epoch schedules)
         on_phase_start
-        until the data iterator is exhausted:
+        until the data iterator is exhausted or every rank agreed to stop:
             task = step(task); iteration += 1 (train); on_step
         meters synced across ranks; barrier; on_phase_end
     on_end
     (on any exception: on_exception, then re-raise)
+
+A stop (SIGTERM/SIGUSR1, or a hook setting ``task.stop_training``) is agreed by every
+rank (:mod:`vissl.trainer.stopping`), then a checkpoint is written
+(:mod:`vissl.trainer.checkpointing`) before training ends; a preemption then raises
+:class:`~vissl.errors.TrainingPreempted` so the job is requeued.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -24,14 +30,21 @@ import torch
 from vissl.config.attr_dict import AttrDict
 from vissl.errors import TrainingPreempted
 from vissl.hooks.base import HookDispatcher
+from vissl.trainer.checkpointing import (
+    restore_mid_phase,
+    restore_or_initialise,
+    save_iteration_checkpoint,
+    save_task_checkpoint,
+)
+from vissl.trainer.stopping import NO_STOP, StopController
 from vissl.trainer.task import SelfSupervisionTask
 from vissl.trainer.train_steps import get_train_step
-from vissl.utils.checkpoint import load_resume_checkpoint
 from vissl.utils.distributed import barrier, is_primary
-from vissl.utils.preemption import PreemptionHandler
-from vissl.utils.weights_init import init_model_from_weights_params_file
 
 logger = logging.getLogger(__name__)
+
+#: Steps between two stop agreements of the ranks (see :mod:`vissl.trainer.stopping`).
+STOP_CHECK_EVERY = 10
 
 
 class SelfSupervisionTrainer:
@@ -60,26 +73,32 @@ class SelfSupervisionTrainer:
         self.checkpoint_path = checkpoint_path
         self.task: SelfSupervisionTask | None = None
 
-    def build_task(self) -> SelfSupervisionTask:
+    def build_task(self, step: Any = None) -> SelfSupervisionTask:
+        """Build the task, add the hooks its loss and ``step`` declare, then resume."""
         task = SelfSupervisionTask(self.cfg, self.checkpoint_folder, self.device, self.hooks)
         task.build()
-        # Losses and train steps may declare the hooks they need.
-        extra = list(getattr(task.loss, "required_hooks", lambda: [])())
+        # Declared hooks join before the resume, so their checkpointed state is restored.
+        owner = step.func if isinstance(step, functools.partial) else step
+        self._add_required_hooks(task, owner)
+        restore_or_initialise(task, self.checkpoint_path)
+        return task
+
+    @staticmethod
+    def _add_required_hooks(task: SelfSupervisionTask, step: Any) -> None:
+        """Hooks the loss and the train step declare through ``required_hooks()``."""
+        extra: list[Any] = []
+        for owner in (task.loss, step):
+            required = getattr(owner, "required_hooks", None)
+            if callable(required):
+                extra.extend(h for h in required() if h is not None)
         if extra:
             task.hooks.extend(extra)
             task.dispatcher = HookDispatcher(task.hooks)
-        if self.checkpoint_path:
-            path, state = load_resume_checkpoint(self.checkpoint_path)
-            logger.info("resuming from %s (iteration %d)", path, int(state["iteration"]))
-            task.load_state_dict(state)
-        elif self.cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE:
-            init_model_from_weights_params_file(task.base_model, self.cfg.MODEL.WEIGHTS_INIT)
-        return task
 
     def train(self) -> SelfSupervisionTask:
         # Look the step up first: a misspelt name fails before any data is read.
         step = get_train_step(self.cfg.TRAINER.TRAIN_STEP_NAME)
-        task = self.build_task()
+        task = self.build_task(step)
         self.task = task
         if is_primary():
             logger.info(
@@ -90,14 +109,15 @@ class SelfSupervisionTrainer:
             if self.cfg.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE and device_is_cuda(self.device)
             else 0
         )
-        preemption = PreemptionHandler()
+        stopper = StopController(check_every=STOP_CHECK_EVERY)
         try:
-            preemption.install()
+            stopper.install()
             task.run_hooks("on_start")
             while task.phase_idx + 1 < len(task.phases):
                 self._advance_phase(task)
                 task.run_hooks("on_phase_start")
-                while True:
+                agreed = NO_STOP
+                while agreed == NO_STOP:
                     try:
                         result = step(task)
                     except StopIteration:
@@ -113,21 +133,17 @@ class SelfSupervisionTrainer:
                     if clear_freq and task.iteration % clear_freq == 0:
                         torch.cuda.empty_cache()
                     task.run_hooks("on_step")
-                    if preemption.should_stop():
-                        self._stop_for_preemption(task, preemption.signal_name)
-                    if task.stop_training:
-                        break
-                if task.stop_training:
-                    logger.info(
-                        "training stopped at iteration %d: %s",
-                        task.iteration,
-                        task.stop_training_reason or "a hook asked to stop",
-                    )
+                    agreed = stopper.after_step(task)
+                if agreed != NO_STOP:
+                    self._stop(task, stopper, mid_phase=True)
                     break
                 for meter in task.meters:
                     meter.sync_state()
                 barrier()
                 task.run_hooks("on_phase_end")
+                if stopper.at_phase_end(task) != NO_STOP:
+                    self._stop(task, stopper, mid_phase=False)
+                    break
             task.run_hooks("on_end")
         except TrainingPreempted:
             raise
@@ -138,30 +154,42 @@ class SelfSupervisionTrainer:
                 logger.exception("a hook failed in on_exception")
             raise
         finally:
-            preemption.uninstall()
+            stopper.uninstall()
         return task
 
-    def _stop_for_preemption(self, task: SelfSupervisionTask, signal_name: str) -> None:
-        """Save an iteration checkpoint and raise :class:`TrainingPreempted`."""
-        from vissl.hooks.checkpoint_hooks import save_task_checkpoint
+    def _stop(self, task: SelfSupervisionTask, stopper: StopController, mid_phase: bool) -> None:
+        """Every rank agreed to stop: checkpoint, then end training (or raise for requeue).
 
+        Mid-phase in a train phase an iteration checkpoint is written; at the end of a
+        train phase a phase checkpoint, unless the checkpoint hook just wrote one. A
+        preemption raises :class:`TrainingPreempted` (exit code 75: requeue); any other
+        stop ends training normally.
+        """
         path = None
-        if task.train:
-            path = save_task_checkpoint(
-                task,
-                self.checkpoint_folder,
-                f"model_iteration{task.iteration}.torch",
-                phase_complete=False,
+        if task.train and mid_phase:
+            path = save_iteration_checkpoint(task)
+        elif task.train and not task.checkpoints_written_this_phase:
+            path = save_task_checkpoint(task, f"model_phase{task.phase_idx}.torch", True)
+        where = f"iteration {task.iteration} (phase {task.phase_idx})"
+        saved = f"; saved {path}" if path else ""
+        if stopper.preempted:
+            logger.warning(
+                "%s received: stopped after %s%s; exiting with code %d so the job can be "
+                "requeued (AUTO_RESUME continues from the newest checkpoint).",
+                stopper.signal_name,
+                where,
+                saved,
+                TrainingPreempted.exit_code,
             )
-        logger.warning(
-            "%s received: stopped after iteration %d%s; exiting with code %d so the job can be "
-            "requeued (AUTO_RESUME continues from the newest checkpoint).",
-            signal_name,
-            task.iteration,
-            f", saved {path}" if path else " (test phase: resumes from the last checkpoint)",
-            TrainingPreempted.exit_code,
+            raise TrainingPreempted(
+                f"training stopped by {stopper.signal_name} at iteration {task.iteration}"
+            )
+        logger.info(
+            "training stopped at %s: %s%s",
+            where,
+            task.stop_training_reason or "a hook asked to stop",
+            saved,
         )
-        raise TrainingPreempted(f"training stopped by {signal_name} at iteration {task.iteration}")
 
     def _advance_phase(self, task: SelfSupervisionTask) -> None:
         task.phase_idx += 1
@@ -185,12 +213,13 @@ class SelfSupervisionTrainer:
         }
         task.model.train(task.train)
         task.local_iteration_num = 0
+        task.phase_checkpoint_start = len(task.checkpoints_written)
         task.reset_phase_loss()
         task.additional_log_data = {}
         for meter in task.meters:
             meter.reset()
         if resuming:
-            task.restore_mid_phase()
+            restore_mid_phase(task)
             logger.info(
                 "resumed inside phase %d after %d batches", task.phase_idx, task.local_iteration_num
             )

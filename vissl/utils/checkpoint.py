@@ -111,11 +111,30 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
         ) from err
 
 
-def list_checkpoints(folder: str) -> list[tuple[str, int, str]]:
-    """``(kind, number, filename)`` of every checkpoint in ``folder``, oldest first.
+def checkpoint_progress(path: str) -> tuple[int, int, int] | None:
+    """``(iteration, phase_idx, phase_complete)`` recorded in a checkpoint, or None if unreadable.
 
-    Ordered by training progress: iteration checkpoints are placed by their iteration
-    within phases by file modification time, which matches the order they were written.
+    The file is memory-mapped, so only its small metadata is read, not its tensors.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        classy = state.get("classy_state_dict", {})
+        complete = bool(classy.get("phase_complete", True))
+        return int(state["iteration"]), int(state["phase_idx"]), int(complete)
+    except Exception:  # truncated, corrupt, foreign: not a candidate
+        return None
+
+
+def list_checkpoints(
+    folder: str, unreadable: list[str] | None = None
+) -> list[tuple[str, int, str]]:
+    """``(kind, number, filename)`` of every readable checkpoint in ``folder``, oldest first.
+
+    Ordered by the training progress each file records (iteration, then phase, then
+    whether the phase was complete), never by modification time: copying a folder
+    without ``-p`` or clock skew on a shared file system does not change the order.
+    Unreadable files (truncated, corrupt) are left out; their names are appended to
+    ``unreadable`` when given.
     """
     if not g_pathmgr.exists(folder):
         return []
@@ -124,25 +143,21 @@ def list_checkpoints(folder: str) -> list[tuple[str, int, str]]:
         for kind, pattern in _PATTERNS.items():
             m = pattern.match(name)
             if m:
-                mtime = os.stat(os.path.join(folder, name)).st_mtime_ns
-                found.append((mtime, kind, int(m.group(1)), name))
-    found.sort()
-    return [(kind, num, name) for _, kind, num, name in found]
+                progress = checkpoint_progress(os.path.join(folder, name))
+                if progress is not None:
+                    found.append((progress, kind != "final", kind, int(m.group(1)), name))
+                elif unreadable is not None:
+                    unreadable.append(name)
+    # At equal progress a final checkpoint counts as newer than a phase checkpoint.
+    found.sort(key=lambda f: (f[0], not f[1]))
+    return [(kind, num, name) for _, _, kind, num, name in found]
 
 
 def has_final_checkpoint(folder: str) -> bool:
-    return any(kind == "final" for kind, _, _ in list_checkpoints(folder))
-
-
-def find_resume_checkpoint(folder: str, nth_latest: int = 1) -> str | None:
-    """The checkpoint to resume from: the ``nth_latest`` newest, or None."""
-    ckpts = list_checkpoints(folder)
-    if not ckpts:
-        return None
-    index = max(1, nth_latest)
-    if index > len(ckpts):
-        index = len(ckpts)
-    return os.path.join(folder, ckpts[-index][2])
+    """Whether ``folder`` holds a ``model_final_checkpoint_phase{N}.torch``."""
+    if not g_pathmgr.exists(folder):
+        return False
+    return any(_PATTERNS["final"].match(name) for name in g_pathmgr.ls(folder))
 
 
 def detach_to_cpu(obj: Any) -> Any:
@@ -192,38 +207,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def load_resume_checkpoint(preferred: str) -> tuple[str, dict[str, Any]]:
-    """Load ``preferred``; if it is unreadable, fall back to older checkpoints beside it.
-
-    Returns:
-        ``(path actually loaded, state)``.
-
-    Raises:
-        CheckpointLoadError: when no checkpoint in the folder can be loaded.
-    """
-    try:
-        return preferred, load_checkpoint(preferred)
-    except CheckpointLoadError as first_error:
-        folder = os.path.dirname(preferred)
-        names = [name for _, _, name in list_checkpoints(folder)]
-        target = os.path.basename(os.path.realpath(preferred))
-        older = names[: names.index(target)] if target in names else names
-        for name in reversed(older):
-            path = os.path.join(folder, name)
-            try:
-                state = load_checkpoint(path)
-            except CheckpointLoadError:
-                continue
-            logger.warning(
-                "checkpoint %s cannot be loaded (%s); resuming from the previous one, %s",
-                preferred,
-                first_error,
-                path,
-            )
-            return path, state
-        raise
 
 
 def remove_stale_temporary_files(folder: str) -> None:

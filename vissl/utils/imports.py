@@ -17,6 +17,19 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "vissl.plugins"
 
+#: vissl's own plugin packages: importing them runs every built-in registration. The
+#: plugin importer and the launcher's worker preload both use this one tuple.
+VISSL_PLUGIN_PACKAGES: tuple[str, ...] = (
+    "vissl.trainer.train_steps",
+    "vissl.hooks",
+    "vissl.engines",
+    "vissl.models",
+    "vissl.losses",
+    "vissl.data",
+    "vissl.meters",
+    "vissl.optimizers",
+)
+
 
 def import_submodules(package: str) -> None:
     """Import every non-private submodule of ``package`` so their registrations run."""
@@ -93,14 +106,5 @@ def import_plugins(imports: Iterable[str], *, entry_point_group: str = ENTRY_POI
 
 def import_vissl_plugins() -> None:
     """Import vissl's own plugin packages so every built-in registration exists."""
-    for package in (
-        "vissl.trainer.train_steps",
-        "vissl.hooks",
-        "vissl.engines",
-        "vissl.models",
-        "vissl.losses",
-        "vissl.data",
-        "vissl.meters",
-        "vissl.optimizers",
-    ):
+    for package in VISSL_PLUGIN_PACKAGES:
         importlib.import_module(package)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -13,12 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from vissl.utils.distributed import find_free_port
 
-def find_free_port() -> int:
-    """A TCP port on localhost that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["find_free_port", "spawn_gloo"]
 
 
 def _worker(

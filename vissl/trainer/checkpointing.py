@@ -1,0 +1,331 @@
+"""Checkpointing, in one place: what a checkpoint holds, saving, the resume choice, loading.
+
+- **Contents** (:func:`checkpoint_state`, :func:`restore_checkpoint_state`): VISSL's layout
+  (``phase_idx``, ``iteration``, ``train_phase_idx``, ``iteration_num``, ``loss``,
+  ``classy_state_dict`` with ``base_model.model.{trunk,heads}``, ``optimizer``,
+  ``num_updates``, ``hooks`` ...) plus what exact resume needs: every rank's RNG and
+  meter states (``per_rank``), the precision state (GradScaler), whether the phase was
+  complete and its running loss, and the config as YAML.
+- **Saving** (:func:`save_task_checkpoint`): collective; every hook's ``before_save(task)``
+  runs first, non-finite weights are refused, rank 0 writes atomically.
+  :class:`~vissl.hooks.checkpoint_hooks.CheckpointHook` only decides *when*.
+- **Resume choice** (:func:`choose_resume_checkpoint`): the newest checkpoint by the
+  progress it records (not by file time), or the ``checkpoint.torch`` pointer with
+  ``CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME``.
+- **Loading** (:func:`load_resume_checkpoint`, :func:`restore_or_initialise`): falls back to
+  the previous checkpoint when the chosen one cannot be read; ``MODEL.WEIGHTS_INIT`` when
+  there is nothing to resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vissl.utils.checkpoint import (
+    POINTER_NAME,
+    CheckpointLoadError,
+    detach_to_cpu,
+    get_rng_state,
+    has_final_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    set_rng_state,
+)
+from vissl.utils.distributed import all_gather_object, barrier, get_rank, get_world_size, is_primary
+from vissl.utils.hydra_config import config_to_yaml
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- contents
+def _hook_key(hook: Any) -> str:
+    from vissl.hooks.base import hook_name
+
+    return hook_name(hook)
+
+
+def _rank_state(task: SelfSupervisionTask) -> dict[str, Any]:
+    """This rank's own state: RNGs and meter partial sums (gathered to every rank)."""
+    meters = [
+        detach_to_cpu(m.state_dict() if hasattr(m, "state_dict") else {}) for m in task.meters
+    ]
+    return {"rng": get_rng_state(), "meters": meters}
+
+
+def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> dict[str, Any]:
+    """Everything needed to resume ``task``, as tensors and plain containers.
+
+    Collective with several processes (every rank must call it): per-rank RNG and meter
+    states are gathered into ``classy_state_dict["per_rank"]``.
+
+    Args:
+        task: the task to save.
+        phase_complete: True at a phase end; False for an iteration checkpoint, which
+            resumes inside the phase, after ``local_iteration_num`` batches.
+    """
+    model_state = task.base_model.state_dict()
+    trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
+    heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
+    other = {k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))}
+    per_rank: list[dict[str, Any]] = all_gather_object(_rank_state(task))  # type: ignore[assignment]
+    loss_sum, loss_count = task.phase_loss_state()
+    classy_state = {
+        "train": task.train,
+        "base_model": {"model": {"trunk": trunk, "heads": heads, "other": other}, "meta": {}},
+        "meters": per_rank[0]["meters"],
+        "optimizer": task.optimizer.state_dict() if task.optimizer is not None else {},
+        "phase_idx": task.phase_idx,
+        "train_phase_idx": task.train_phase_idx,
+        "num_updates": task.num_updates,
+        "losses": [],
+        "hooks": {_hook_key(h): h.state_dict() for h in task.hooks if hasattr(h, "state_dict")},
+        "loss": task.loss.state_dict(),
+        "amp": task.precision.state_dict(),
+        "phase_complete": phase_complete,
+        "phase_loss": {"sum": loss_sum, "count": loss_count},
+        "world_size": get_world_size(),
+        "per_rank": per_rank,
+    }
+    return {
+        "phase_idx": task.phase_idx,
+        "iteration": task.iteration,
+        "train_phase_idx": task.train_phase_idx,
+        "iteration_num": task.local_iteration_num,
+        "loss": task.loss.state_dict(),
+        "config": config_to_yaml(task.config),
+        "classy_state_dict": classy_state,
+    }
+
+
+def restore_checkpoint_state(task: SelfSupervisionTask, state: dict[str, Any]) -> None:
+    """Restore a checkpoint written by :func:`checkpoint_state` into a built task.
+
+    A phase-end checkpoint resumes at the next phase. An iteration checkpoint re-enters
+    its phase and skips the batches already trained on (``task.pending_resume``, applied
+    by :func:`restore_mid_phase` once the phase's data iterator exists).
+    """
+    classy = state["classy_state_dict"]
+    model = classy["base_model"]["model"]
+    full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
+    full.update({f"heads.{k}": v for k, v in model["heads"].items()})
+    full.update(model.get("other", {}))
+    task.base_model.load_state_dict(full)
+    if task.optimizer is not None and classy.get("optimizer"):
+        task.optimizer.load_state_dict(classy["optimizer"])
+    task.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
+    task.precision.load_state_dict(classy.get("amp", {}))
+    hook_states = classy.get("hooks", {})
+    for h in task.hooks:
+        if _hook_key(h) in hook_states and hasattr(h, "load_state_dict"):
+            h.load_state_dict(hook_states[_hook_key(h)])
+    task.phase_idx = int(classy["phase_idx"])
+    task.train_phase_idx = int(classy["train_phase_idx"])
+    task.num_updates = int(classy["num_updates"])
+    task.iteration = int(state["iteration"])
+
+    per_rank = classy.get("per_rank") or []
+    rank = get_rank()
+    mine = per_rank[rank] if rank < len(per_rank) else (per_rank[0] if per_rank else {})
+    if per_rank and len(per_rank) != get_world_size():
+        logger.warning(
+            "checkpoint was written by %d processes, this run has %d: RNG and meter states "
+            "of rank 0 are used, so the run continues but is not bitwise reproducible.",
+            len(per_rank),
+            get_world_size(),
+        )
+    if classy.get("phase_complete", True):
+        if "rng" in mine:
+            set_rng_state(mine["rng"])
+        task.pending_resume = None
+    else:
+        # Re-enter the phase: the trainer advances to phase_idx again and skips the
+        # batches already seen; RNG states are restored after the data iterator exists.
+        task.phase_idx -= 1
+        if classy["train"]:
+            task.train_phase_idx -= 1
+        task.pending_resume = {
+            "start_iter": int(state["iteration_num"]),
+            "phase_loss": classy.get("phase_loss", {"sum": 0.0, "count": 0}),
+            "meters": mine.get("meters", []),
+            "rng": mine.get("rng"),
+        }
+
+
+def restore_mid_phase(task: SelfSupervisionTask) -> None:
+    """Called by the trainer right after the data iterator of a resumed phase exists."""
+    pending = task.pending_resume
+    if pending is None:
+        return
+    task.local_iteration_num = pending["start_iter"]
+    task.set_phase_loss(float(pending["phase_loss"]["sum"]), int(pending["phase_loss"]["count"]))
+    for meter, meter_state in zip(task.meters, pending["meters"], strict=False):
+        if hasattr(meter, "load_state_dict") and meter_state:
+            meter.load_state_dict(meter_state)
+    if pending["rng"] is not None:
+        set_rng_state(pending["rng"])
+    task.pending_resume = None
+
+
+# ---------------------------------------------------------------------- saving
+def _run_before_save(task: SelfSupervisionTask) -> None:
+    """Every hook's ``before_save(task)``, in hook order (e.g. a pending NaN check)."""
+    for hook in task.dispatcher.hooks:
+        before_save = getattr(hook, "before_save", None)
+        if callable(before_save):
+            before_save(task)
+
+
+def _non_finite_parameters(task: SelfSupervisionTask) -> list[str]:
+    """Names of parameters/buffers with NaN or Inf (one device read for the whole model)."""
+    named = [(n, t) for n, t in task.base_model.state_dict().items() if t.is_floating_point()]
+    if not named:
+        return []
+    flags = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
+    return [n for (n, _), ok in zip(named, flags, strict=True) if not ok]
+
+
+def save_task_checkpoint(
+    task: SelfSupervisionTask, filename: str, phase_complete: bool = True, keep_last: int = -1
+) -> str | None:
+    """Write ``task``'s state as ``task.checkpoint_folder/filename`` (collective).
+
+    Rank 0 writes (atomically, then moves the ``checkpoint.torch`` pointer); the others
+    wait. Never writes from non-finite weights: raises ``FloatingPointError`` naming
+    them, and the previous checkpoint stays the newest.
+
+    Returns:
+        The path written on rank 0, None on the other ranks.
+    """
+    _run_before_save(task)
+    bad = _non_finite_parameters(task)
+    if bad:
+        raise FloatingPointError(
+            f"refusing to write {filename}: non-finite values in {bad[:10]} at iteration "
+            f"{task.iteration}. The previous checkpoint is kept; resume from it with a lower "
+            "learning rate."
+        )
+    state = checkpoint_state(task, phase_complete=phase_complete)  # collective
+    folder = task.checkpoint_folder
+    path = None
+    if is_primary():
+        path = save_checkpoint(folder, filename, state)
+        removed = prune_checkpoints(folder, keep_last, protect=filename)
+        if removed:
+            logger.info("removed old checkpoints %s (CHECKPOINT.KEEP_LAST_N_CHECKPOINTS)", removed)
+    barrier()
+    task.checkpoints_written.append(os.path.join(folder, filename))
+    return path
+
+
+def save_iteration_checkpoint(task: SelfSupervisionTask) -> str | None:
+    """An iteration checkpoint of a train phase, resumable mid-phase (collective)."""
+    return save_task_checkpoint(
+        task, f"model_iteration{task.iteration}.torch", phase_complete=False
+    )
+
+
+# ---------------------------------------------------------------------- resume choice
+@dataclass(frozen=True)
+class ResumeChoice:
+    """What a new run in a checkpoint folder starts from.
+
+    Attributes:
+        checkpoint_path: the checkpoint to resume from, or None to start afresh.
+        finished: training in this folder already finished (a final checkpoint exists
+            and ``CHECKPOINT.OVERWRITE_EXISTING`` is off): there is nothing to do.
+    """
+
+    checkpoint_path: str | None = None
+    finished: bool = False
+
+
+def find_resume_checkpoint(folder: str, nth_latest: int = 1) -> str | None:
+    """The ``nth_latest`` newest readable checkpoint by recorded progress, or None."""
+    unreadable: list[str] = []
+    ckpts = list_checkpoints(folder, unreadable)
+    if unreadable:
+        logger.warning(
+            "checkpoints %s in %s cannot be read (truncated or corrupt) and are skipped",
+            unreadable,
+            folder,
+        )
+    if not ckpts:
+        return None
+    index = min(max(1, nth_latest), len(ckpts))
+    return os.path.join(folder, ckpts[-index][2])
+
+
+def choose_resume_checkpoint(cfg: Any, folder: str, engine_name: str = "train") -> ResumeChoice:
+    """The resume choice of a run (``CHECKPOINT.*`` keys), made once by the launcher."""
+    if engine_name != "train":
+        return ResumeChoice()
+    ckpt = cfg.CHECKPOINT
+    if has_final_checkpoint(folder):
+        if not ckpt.OVERWRITE_EXISTING:
+            return ResumeChoice(finished=True)
+        return ResumeChoice()  # train again from scratch, as asked
+    if not ckpt.AUTO_RESUME:
+        return ResumeChoice()
+    pointer = os.path.join(folder, POINTER_NAME)
+    if ckpt.USE_SYMLINK_CHECKPOINT_FOR_RESUME and os.path.lexists(pointer):
+        target = os.path.join(folder, os.readlink(pointer))
+        if os.path.exists(target):
+            return ResumeChoice(checkpoint_path=target)
+        logger.warning("%s points to a missing file; choosing by recorded progress", pointer)
+    nth = int(ckpt.LATEST_CHECKPOINT_RESUME_FILE_NUM)
+    return ResumeChoice(checkpoint_path=find_resume_checkpoint(folder, nth))
+
+
+# ---------------------------------------------------------------------- loading
+def load_resume_checkpoint(preferred: str) -> tuple[str, dict[str, Any]]:
+    """Load ``preferred``; if it cannot be read, fall back to older checkpoints beside it.
+
+    Returns:
+        ``(path actually loaded, state)``.
+
+    Raises:
+        CheckpointLoadError: when no checkpoint in the folder can be loaded.
+    """
+    try:
+        return preferred, load_checkpoint(preferred)
+    except CheckpointLoadError as first_error:
+        folder = os.path.dirname(preferred)
+        names = [name for _, _, name in list_checkpoints(folder)]
+        target = os.path.basename(os.path.realpath(preferred))
+        older = names[: names.index(target)] if target in names else names
+        for name in reversed(older):
+            path = os.path.join(folder, name)
+            try:
+                state = load_checkpoint(path)
+            except CheckpointLoadError:
+                continue
+            logger.warning(
+                "checkpoint %s cannot be loaded (%s); resuming from the previous one, %s",
+                preferred,
+                first_error,
+                path,
+            )
+            return path, state
+        raise
+
+
+def restore_or_initialise(task: SelfSupervisionTask, checkpoint_path: str | None) -> None:
+    """Resume ``task`` from ``checkpoint_path``, else apply ``MODEL.WEIGHTS_INIT`` if set."""
+    if checkpoint_path:
+        path, state = load_resume_checkpoint(checkpoint_path)
+        logger.info("resuming from %s (iteration %d)", path, int(state["iteration"]))
+        restore_checkpoint_state(task, state)
+    elif task.config.MODEL.WEIGHTS_INIT.PARAMS_FILE:
+        from vissl.utils.weights_init import init_model_from_weights_params_file
+
+        init_model_from_weights_params_file(task.base_model, task.config.MODEL.WEIGHTS_INIT)

@@ -1,0 +1,132 @@
+"""Stopping early, agreed by every rank: preemption signals and stop requests.
+
+A stop is asked for locally: SIGTERM / SIGUSR1 (preemption: the job is requeued), or a
+hook setting ``task.stop_training`` (e.g. a profiler done with its window, early
+stopping). With several processes a rank that stops alone would leave the others hanging
+in a collective, so the ranks agree first, without a collective or a host read per step:
+
+- every ``check_every`` steps each rank *starts* a non-blocking all-reduce (MAX) of its
+  flag on a CPU (gloo) group, and *reads* the one it started ``check_every`` steps
+  earlier, which has long completed. Every rank reads at the same step, so all ranks
+  decide the same; a stop asked at step k is agreed by step k + 2 * check_every;
+- at a phase end the ranks agree at once (a blocking all-reduce: phase ends synchronise
+  anyway).
+
+One process needs no agreement: the flag is read every step (a Python attribute).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from vissl.utils.distributed import get_world_size
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
+
+logger = logging.getLogger(__name__)
+
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+#: Flag values; the all-reduce keeps the largest, so preemption wins over a plain stop.
+NO_STOP, STOP, PREEMPT = 0, 1, 2
+
+
+class StopController:
+    """Signal handlers plus the rank agreement described in the module docstring.
+
+    Args:
+        check_every: steps between two agreements with several processes.
+    """
+
+    def __init__(self, check_every: int = 10) -> None:
+        self.check_every = max(1, int(check_every))
+        self.preempted = False
+        self.signal_name = ""
+        self._previous: dict[int, Any] = {}
+        self._group: Any = None
+        self._steps = 0
+        self._buffer = torch.zeros(1, dtype=torch.int32)
+        self._pending: Any = None
+
+    # ------------------------------------------------------------------ set-up
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.preempted = True
+        self.signal_name = signal.Signals(signum).name
+        logger.warning("%s received: training stops after the current step", self.signal_name)
+
+    def install(self) -> None:
+        """Install the signal handlers (main thread only) and the agreement group."""
+        if threading.current_thread() is threading.main_thread():
+            for name in PREEMPTION_SIGNALS:
+                signum = getattr(signal, name, None)
+                if signum is not None:
+                    self._previous[signum] = signal.signal(signum, self._on_signal)
+        if get_world_size() > 1:
+            # A CPU group: the flag never touches the accelerator (NCCL needs GPU tensors).
+            self._group = (
+                dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            )
+
+    def uninstall(self) -> None:
+        """Restore the previous signal handlers; finish a pending agreement."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+
+    # ------------------------------------------------------------------ flags
+    def _local_flag(self, task: SelfSupervisionTask) -> int:
+        if self.preempted:
+            return PREEMPT
+        return STOP if task.stop_training else NO_STOP
+
+    def _decide(self, task: SelfSupervisionTask, agreed: int) -> int:
+        """Record on the task what every rank agreed; returns the agreed flag."""
+        if agreed == PREEMPT and not self.preempted:
+            self.preempted, self.signal_name = True, "preemption (another rank)"
+        if agreed != NO_STOP and not task.stop_training:
+            task.stop_training = True
+            task.stop_training_reason = task.stop_training_reason or (
+                "another rank asked to stop" if agreed == STOP else self.signal_name
+            )
+        return agreed
+
+    def after_step(self, task: SelfSupervisionTask) -> int:
+        """The agreed flag after a step (NO_STOP, STOP or PREEMPT); cheap every step."""
+        if self._group is None:
+            return self._local_flag(task)
+        self._steps += 1
+        if self._steps % self.check_every:
+            return NO_STOP
+        agreed = NO_STOP
+        if self._pending is not None:
+            self._pending.wait()  # started check_every steps ago: already complete
+            agreed = int(self._buffer[0])
+        self._buffer.fill_(self._local_flag(task))
+        self._pending = dist.all_reduce(
+            self._buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
+        return self._decide(task, agreed)
+
+    def at_phase_end(self, task: SelfSupervisionTask) -> int:
+        """The agreed flag at a phase end (blocking with several processes)."""
+        if self._group is None:
+            return self._local_flag(task)
+        agreed = NO_STOP
+        if self._pending is not None:
+            self._pending.wait()
+            agreed = int(self._buffer[0])
+            self._pending = None
+        self._steps = 0
+        self._buffer.fill_(max(agreed, self._local_flag(task)))
+        dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group)
+        return self._decide(task, int(self._buffer[0]))
