@@ -4,9 +4,13 @@
 ``DistributedSampler`` does, and can start ``start_iter`` batches into the epoch, so a
 resumed run sees exactly the batches an uninterrupted run would have seen.
 
-It yields :class:`SampleKey` ``(index, epoch)`` pairs rather than bare indices; the
+It yields :class:`SampleKey` ``(index, epoch, padding)`` rather than bare indices; the
 dataset seeds each sample's augmentations from ``(seed, epoch, index)``. Augmentations are
 therefore the same with 0 or N data loader workers, across processes and across resumes.
+
+Like torch's sampler it pads the index list with repeats so that every rank gets the same
+number of samples; those repeats carry ``padding=True`` and the dataset marks them with
+``data_valid`` 0 (:data:`PADDING_DATA_VALID`), so meters do not count them twice.
 """
 
 from __future__ import annotations
@@ -17,12 +21,17 @@ from typing import Any, NamedTuple
 import numpy as np
 from torch.utils.data import DistributedSampler
 
+#: ``data_valid`` of a sample that only pads a rank's share (1: valid, -1: unreadable).
+PADDING_DATA_VALID = 0
+
 
 class SampleKey(NamedTuple):
-    """What the sampler yields: a dataset index and the epoch it is drawn in."""
+    """What the sampler yields: a dataset index, the epoch it is drawn in, and whether it
+    is a repeat that only pads this rank's share of the data."""
 
     idx: int
     epoch: int
+    padding: bool = False
 
 
 def sample_seed(base_seed: int, epoch: int, index: int) -> int:
@@ -77,7 +86,16 @@ class StatefulDistributedSampler(DistributedSampler):  # type: ignore[type-arg]
         # One use only: the next epoch starts at its beginning.
         self.start_iter = 0
         epoch = int(self.epoch)
-        return iter([SampleKey(int(i), epoch) for i in indices[start:]])
+        # This rank's j-th index sits at position rank + j * num_replicas of the padded
+        # list; positions past the data set are the repeats added as padding.
+        size = len(self.dataset)  # type: ignore[arg-type]
+        return iter(
+            [
+                SampleKey(int(i), epoch, self.rank + j * self.num_replicas >= size)
+                for j, i in enumerate(indices)
+                if j >= start
+            ]
+        )
 
     def __len__(self) -> int:
         return max(0, self.num_samples - self.start_iter * self.batch_size)

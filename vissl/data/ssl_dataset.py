@@ -20,7 +20,7 @@ from vissl.data.data_helper import (
     unbalanced_sub_sampling,
 )
 from vissl.data.data_sources import get_data_source
-from vissl.data.samplers import SampleKey, sample_seed
+from vissl.data.samplers import PADDING_DATA_VALID, SampleKey, sample_seed
 from vissl.data.ssl_transforms import build_transforms
 from vissl.errors import ConfigError
 from vissl.utils.distributed import get_world_size
@@ -90,7 +90,8 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
     ``dataset[idx]`` returns, after ``DATA.<split>.TRANSFORMS``::
 
         {"data": [image per source], "label": [label per source or label source],
-         "data_valid": [1, or -1 for an unreadable image], "data_idx": [idx, ...]}
+         "data_valid": [1, -1 for an unreadable image, 0 for the sampler's padding],
+         "data_idx": [idx, ...]}
 
     Labels: with ``LABEL_SOURCES`` set, one label per label source (``disk_filelist``
     reads the ``.npy`` in ``LABEL_PATHS``; a data source name such as ``disk_folder``
@@ -351,15 +352,17 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         from the stateful sampler: then the augmentations are drawn from a generator seeded
         by ``(SEED_VALUE, epoch, index)``, so they do not depend on the worker, the number
         of workers or the process, and a resumed run repeats them exactly. The global RNG
-        state of the calling process is left untouched.
+        state of the calling process is left untouched. A key marked as padding gives
+        ``data_valid`` 0 (the sample repeats one that another rank or batch already has).
         """
         if isinstance(key, tuple):
             idx, epoch = int(key[0]), int(key[1])
+            padding = len(key) > 2 and bool(key[2])
             with seeded_rng(sample_seed(self.seed, epoch, idx)):
-                return self._get_sample(idx)
+                return self._get_sample(idx, padding)
         return self._get_sample(int(key))
 
-    def _get_sample(self, idx: int) -> dict[str, Any]:
+    def _get_sample(self, idx: int, padding: bool = False) -> dict[str, Any]:
         if not 0 <= idx < len(self):
             raise IndexError(f"index {idx} out of range for a dataset of {len(self)} samples")
         subset_idx = int(self.sub_set[idx]) if self.sub_set is not None else idx
@@ -367,7 +370,7 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         for source in self.data_objs:
             data, valid = source[subset_idx]
             item["data"].append(data)
-            item["data_valid"].append(1 if valid else -1)
+            item["data_valid"].append(PADDING_DATA_VALID if padding else 1 if valid else -1)
             item["data_idx"].append(idx)
         item["label"] = self._label_for(idx, subset_idx)
         return self.transform(item)

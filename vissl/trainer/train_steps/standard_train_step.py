@@ -159,11 +159,45 @@ class StandardTrainStep:
         task.accumulate_loss(task.last_batch.loss)
 
     def update_meters(self, task: Any, model_output: Any, sample: dict[str, Any]) -> None:
+        """Update the meters, without the rows the sampler added as padding.
+
+        ``sample["data_valid"]`` is 0 for the repeats a ``DistributedSampler`` pads each
+        rank's share with. Meters with ``supports_valid_mask`` get it as ``valid=`` (no
+        host sync). Other meters get the padding rows removed in TEST phases (boolean
+        indexing: one host sync per step); in train phases they see every row, as in VISSL.
+        """
         if not task.meters or (task.train and not task.enable_training_meter):
             return
         target = sample["target"]
+        valid = sample.get("data_valid")
+        outputs = [model_output] if isinstance(model_output, torch.Tensor) else model_output
+        if not (
+            isinstance(valid, torch.Tensor)
+            and isinstance(target, torch.Tensor)
+            and valid.ndim == 1
+            and valid.shape[0] == target.shape[0]
+            and isinstance(outputs, list | tuple)
+            and all(
+                isinstance(o, torch.Tensor) and o.ndim >= 1 and o.shape[0] == valid.shape[0]
+                for o in outputs
+            )
+        ):
+            valid = None  # no per-row flags that line up with the outputs
+        keep = None
         for meter in task.meters:
-            meter.update(model_output, target)
+            if valid is None:
+                meter.update(model_output, target)
+            elif getattr(meter, "supports_valid_mask", False):
+                meter.update(model_output, target, valid=valid)
+            elif task.train:
+                meter.update(model_output, target)
+            else:
+                if keep is None:
+                    keep = valid != 0
+                if isinstance(model_output, torch.Tensor):
+                    meter.update(model_output[keep], target[keep])
+                else:
+                    meter.update([o[keep] for o in outputs], target[keep])
 
     def backward(self, task: Any, local_loss: torch.Tensor) -> None:
         """Backward of one (micro-)batch.
