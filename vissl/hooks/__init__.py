@@ -32,9 +32,11 @@ from vissl.hooks.base import (
     HOOK_EVENTS,
     ClassyHook,
     HookDispatcher,
+    HookPriorityError,
     Priority,
     SSLClassyHookFunctions,
     VisslHook,
+    check_priority,
     hook_name,
 )
 from vissl.utils.registry import Registry
@@ -50,8 +52,20 @@ def register_hook(name: str) -> Any:
 
 
 def build_hook(spec: Mapping[str, Any], index: int = 0) -> Any:
-    """Build one ``HOOKS.CUSTOM_HOOKS`` entry: ``{name, [priority], **kwargs}``."""
+    """Build one ``HOOKS.CUSTOM_HOOKS`` entry: ``{name, [priority], **kwargs}``.
+
+    Raises:
+        HookPriorityError: ``priority`` is not a number.
+        ConfigError: arguments the hook does not take.
+    """
     kwargs = {k: v for k, v in dict(spec).items() if k not in ("name", "priority")}
+    priority = None
+    if "priority" in spec:
+        priority = check_priority(
+            spec["priority"],
+            f"hook {spec['name']!r}",
+            f"config.HOOKS.CUSTOM_HOOKS[{index}].priority",
+        )
     factory = HOOK_REGISTRY.get(spec["name"])
     try:
         inspect.signature(factory).bind(**kwargs)
@@ -64,8 +78,8 @@ def build_hook(spec: Mapping[str, Any], index: int = 0) -> Any:
     except ValueError:
         pass  # no signature available (builtins); let the call report errors
     hook = factory(**kwargs)
-    if "priority" in spec:
-        hook.priority = int(spec["priority"])
+    if priority is not None:
+        hook.priority = priority
     return hook
 
 
@@ -133,6 +147,7 @@ __all__ = [
     "HOOK_REGISTRY",
     "ClassyHook",
     "HookDispatcher",
+    "HookPriorityError",
     "Priority",
     "SSLClassyHookFunctions",
     "VisslHook",

@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
+from vissl.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -135,9 +137,34 @@ def _overrides(hook: Any, event: str) -> bool:
     return getattr(func, "__name__", "") not in ("_noop", "noop")
 
 
-def _priority(hook: Any) -> int:
-    value = getattr(hook, "priority", Priority.NORMAL)
-    return int(value) if isinstance(value, int | float) else Priority.NORMAL
+class HookPriorityError(ConfigError, TypeError):
+    """A hook's ``priority`` is not a number (from config or the hook's attribute)."""
+
+
+def check_priority(value: Any, owner: str, key_path: str | None = None) -> int | float:
+    """``value`` if it is a valid hook priority (an int or float, not a bool).
+
+    Args:
+        value: the priority given.
+        owner: what it belongs to, for the message (hook name or config entry).
+        key_path: the config key it came from, if any.
+
+    Raises:
+        HookPriorityError: naming ``owner`` and the key (or ``priority`` attribute).
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    where = key_path or f"{owner}.priority"
+    raise HookPriorityError(
+        f"{where}={value!r} ({type(value).__name__}) is not a hook priority: give a number, "
+        f"lower runs first (Priority.HIGHEST={Priority.HIGHEST}, NORMAL={Priority.NORMAL}, "
+        f"LOWEST={Priority.LOWEST}).",
+        key_path,
+    )
+
+
+def _priority(hook: Any) -> int | float:
+    return check_priority(getattr(hook, "priority", Priority.NORMAL), hook_name(hook))
 
 
 class HookDispatcher:
