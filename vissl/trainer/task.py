@@ -178,7 +178,7 @@ class SelfSupervisionTask:
         loss_state = [*self.loss.parameters(), *self.loss.buffers()]
         if world_size > 1 and loss_state:
             broadcast_coalesced([t.data for t in loss_state], src=0)
-        self.meters = build_meters(cfg.METERS)
+        self.meters = build_meters(cfg.METERS, device=self.device)
         if "TRAIN" in self.available_splits:
             self.param_schedulers = build_param_schedulers(
                 cfg.OPTIMIZER,

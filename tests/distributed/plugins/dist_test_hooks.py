@@ -53,3 +53,52 @@ class KillRank(VisslHook):
     def on_step(self, task):
         if get_rank() == self.rank and task.iteration == self.iteration:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+@register_hook("stop_on_rank")
+class StopOnRank(VisslHook):
+    """One rank alone asks to stop training at a given iteration (e.g. an early-stopping
+    hook that read a rank-local value)."""
+
+    def __init__(self, rank: int = 1, iteration: int = 3):
+        self.rank = rank
+        self.iteration = iteration
+
+    def on_step(self, task):
+        if get_rank() == self.rank and task.iteration == self.iteration:
+            task.stop_training = True
+            task.stop_training_reason = f"rank {self.rank} asked at iteration {self.iteration}"
+
+
+@register_hook("record_loss_state")
+class RecordLossState(VisslHook):
+    """Write the loss's parameters and buffers of each rank at start, for comparison."""
+
+    def on_start(self, task):
+        import torch
+
+        state = {k: v.detach().cpu() for k, v in task.loss.state_dict().items()}
+        torch.save(state, os.path.join(task.checkpoint_folder, f"loss_state_rank{get_rank()}.pt"))
+
+
+from torch import nn  # noqa: E402
+
+from vissl.losses import register_loss  # noqa: E402
+from vissl.losses.simclr_info_nce_loss import SimclrInfoNCELoss  # noqa: E402
+
+
+@register_loss("simclr_with_random_buffer")
+class SimclrWithRandomBuffer(SimclrInfoNCELoss):
+    """SimCLR plus state drawn at build time (as a queue or prototypes are): each rank
+    draws its own, since ranks seed with SEED_VALUE + rank."""
+
+    def __init__(self, temperature: float = 0.1):
+        super().__init__(temperature=temperature)
+        import torch
+
+        self.register_buffer("queue", torch.randn(4, 8))
+        self.prototypes = nn.Parameter(torch.randn(3, 8))
+
+    @classmethod
+    def from_config(cls, loss_config):
+        return cls(temperature=loss_config.get("temperature", 0.1))
