@@ -7,6 +7,8 @@ same sample order (the sampler's permutation is cut into the same k*B samples pe
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration._runs import run_config
@@ -56,6 +58,13 @@ def test_accumulating_k_micro_batches_equals_one_large_batch(tmp_path, nproc):
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert worst < 1e-5, worst
     if nproc == 1:
+        # The logged loss of a step is the mean over its micro-batches: the first step's
+        # loss (same starting weights, per-sample-mean loss) equals the large batch's.
+        first = [
+            json.loads((tmp_path / run / "stdout.json").read_text().splitlines()[0])["loss"]
+            for run in ("big", "acc")
+        ]
+        assert abs(first[0] - first[1]) < 1e-5, first
         # Control: the same micro-batches without accumulation (4x the optimizer steps)
         # end far away, so the comparison above is sensitive.
         run_config(

@@ -47,6 +47,7 @@ class StandardTrainStep:
         stats = task.perf_stats
         accumulation = task.grad_accumulation_steps if task.train else 1
         with perf_timer("train_step_total", stats):
+            step_loss: torch.Tensor | None = None  # sum of the micro-batches' logged losses
             for micro in range(accumulation):
                 task.micro_step = micro
                 try:
@@ -55,9 +56,16 @@ class StandardTrainStep:
                     if micro > 0:  # the data ended inside an accumulation: drop it
                         task.optimizer.zero_grad(set_to_none=True)
                     raise
+                if accumulation > 1:
+                    logged = task.last_batch.loss
+                    step_loss = logged.clone() if step_loss is None else step_loss.add_(logged)
                 if task.train:
                     with perf_timer("backward", stats):
                         self.backward(task, local_loss)
+            if step_loss is not None:
+                # The step's loss is the mean over its micro-batches, not the last one's.
+                task.last_batch.loss = step_loss.div_(accumulation)
+            task.accumulate_loss(task.last_batch.loss)
             if task.train:
                 task.run_hooks("on_backward")
                 with perf_timer("optimizer_step", stats):
@@ -156,7 +164,6 @@ class StandardTrainStep:
             task.last_batch.loss = all_reduce_mean(local_loss.detach().float().clone())
         else:
             task.last_batch.loss = local_loss.detach()
-        task.accumulate_loss(task.last_batch.loss)
 
     def update_meters(self, task: Any, model_output: Any, sample: dict[str, Any]) -> None:
         """Update the meters, without the rows the sampler added as padding.
