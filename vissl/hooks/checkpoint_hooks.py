@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.checkpoint import remove_stale_temporary_files
 from vissl.utils.distributed import is_primary
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class LogMetricsHook(VisslHook):
         self.checkpoint_folder = checkpoint_folder
         self.last_metrics: dict[str, Any] = {}
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         split = "train" if task.train else "test"
         record: dict[str, Any] = {
             "iteration": task.iteration,
@@ -80,18 +83,18 @@ class CheckpointHook(VisslHook):
         self.keep_last = int(keep_last)
         self.saved: list[str] = []
 
-    def on_start(self, task: Any) -> None:
+    def on_start(self, task: SelfSupervisionTask) -> None:
         if is_primary():
             remove_stale_temporary_files(self.checkpoint_folder)
 
-    def _save(self, task: Any, filename: str, phase_complete: bool) -> None:
+    def _save(self, task: SelfSupervisionTask, filename: str, phase_complete: bool) -> None:
         # What a checkpoint holds and how it is written live in vissl.trainer.checkpointing
         # (behind task.save_checkpoint); this hook only decides when.
         path = task.save_checkpoint(filename, phase_complete, keep_last=self.keep_last)
         if path:
             self.saved.append(path)
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         if (
             self.iter_frequency > 0
             and task.train
@@ -100,7 +103,7 @@ class CheckpointHook(VisslHook):
         ):
             self._save(task, f"model_iteration{task.iteration}.torch", phase_complete=False)
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         if not task.train:
             return
         is_last = task.train_phase_idx + 1 == task.num_train_phases

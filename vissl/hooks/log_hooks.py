@@ -8,13 +8,16 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.distributed import is_primary
 from vissl.utils.perf_stats import PerfStats
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +28,7 @@ def _to_float(value: Any) -> Any:
     return value
 
 
-def current_lr(task: Any) -> float:
+def current_lr(task: SelfSupervisionTask) -> float:
     """Learning rate of the first param group (trunk)."""
     if task.optimizer is None or not task.optimizer.param_groups:
         return 0.0
@@ -57,11 +60,11 @@ class LogLossLrEtaHook(VisslHook):
         self._train_start_iteration = 0
         self._train_start_time = 0.0
 
-    def on_start(self, task: Any) -> None:
+    def on_start(self, task: SelfSupervisionTask) -> None:
         self._train_start_iteration = task.iteration
         self._train_start_time = time.perf_counter()
 
-    def on_phase_start(self, task: Any) -> None:
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
         self._last_time = time.perf_counter()
         self._start_time = self._last_time
         if self.progress_bar and is_primary():
@@ -78,14 +81,14 @@ class LogLossLrEtaHook(VisslHook):
                 total=total, desc=desc, dynamic_ncols=True, leave=True, mininterval=0.5
             )
 
-    def _eta_seconds(self, task: Any) -> float:
+    def _eta_seconds(self, task: SelfSupervisionTask) -> float:
         done = task.iteration - self._train_start_iteration
         if done <= 0:
             return float("nan")
         elapsed = time.perf_counter() - self._train_start_time
         return elapsed / done * (task.max_iteration - task.iteration)
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         now = time.perf_counter()
         self._step_times.append(now - self._last_time)
         self._last_time = now
@@ -142,7 +145,7 @@ class LogLossLrEtaHook(VisslHook):
                 btime_ms,
             )
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -156,7 +159,7 @@ class LogLossLrEtaHook(VisslHook):
                 task.phase_average_loss(),
             )
 
-    def on_exception(self, task: Any) -> None:
+    def on_exception(self, task: SelfSupervisionTask) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -174,10 +177,10 @@ class LogPerfTimeMetricsHook(VisslHook):
         self.perf_stat_frequency = perf_stat_frequency
         self.last_summary: dict[str, dict[str, float]] = {}
 
-    def on_phase_start(self, task: Any) -> None:
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
         task.perf_stats = PerfStats(use_cuda=task.device.type == "cuda")
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         stats = task.perf_stats
         if stats is None:
             return
@@ -185,7 +188,7 @@ class LogPerfTimeMetricsHook(VisslHook):
         if self.perf_stat_frequency > 0 and task.iteration % self.perf_stat_frequency == 0:
             self._report(task, stats)
 
-    def _report(self, task: Any, stats: PerfStats) -> None:
+    def _report(self, task: SelfSupervisionTask, stats: PerfStats) -> None:
         self.last_summary = stats.summary()
         if is_primary():
             logger.info("iteration %d, %s", task.iteration, stats.report_str())
@@ -196,7 +199,7 @@ class LogPerfTimeMetricsHook(VisslHook):
                 if "cuda_ms" in row:
                     writer.add_scalar(f"Speed/{name}_cuda_ms", row["cuda_ms"], task.iteration)
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         if task.perf_stats is not None and task.perf_stats.host:
             self._report(task, task.perf_stats)
         task.perf_stats = None

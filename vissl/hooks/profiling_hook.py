@@ -44,7 +44,7 @@ import logging
 import os
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -52,6 +52,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.distributed import get_rank
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +180,7 @@ class ProfilingHook(VisslHook):
         )
 
     # ------------------------------------------------------------------ events
-    def on_start(self, task: Any) -> None:
+    def on_start(self, task: SelfSupervisionTask) -> None:
         if self.rank is None:
             self.rank = get_rank()
         first = int(task.iteration)
@@ -192,7 +195,7 @@ class ProfilingHook(VisslHook):
                 self.output_folder,
             )
 
-    def on_phase_start(self, task: Any) -> None:
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
         if (
             task.train
             and not self._done
@@ -201,7 +204,7 @@ class ProfilingHook(VisslHook):
         ):
             self._start(task)
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         if not task.train or self._done:
             return
         if self._profiler is not None:
@@ -218,7 +221,7 @@ class ProfilingHook(VisslHook):
                     task.stop_training_reason,
                 )
 
-    def on_end(self, task: Any) -> None:
+    def on_end(self, task: SelfSupervisionTask) -> None:
         if not self._done and self._profiler is not None:
             logger.warning(
                 "training ended before the profiling window closed (iteration %d of %d); "
@@ -228,14 +231,14 @@ class ProfilingHook(VisslHook):
             )
         self._finish()
 
-    def on_exception(self, task: Any) -> None:
+    def on_exception(self, task: SelfSupervisionTask) -> None:
         try:
             self._finish()
         except Exception:  # never hide the training error
             logger.exception("could not stop the profiler after the training error")
 
     # ------------------------------------------------------------------ profiler
-    def _activities(self, task: Any) -> list[ProfilerActivity]:
+    def _activities(self, task: SelfSupervisionTask) -> list[ProfilerActivity]:
         activities = []
         if self.profile_cpu or self.track_memory:
             activities.append(ProfilerActivity.CPU)
@@ -252,7 +255,7 @@ class ProfilingHook(VisslHook):
             activities.append(ProfilerActivity.CPU)
         return activities
 
-    def _start(self, task: Any) -> None:
+    def _start(self, task: SelfSupervisionTask) -> None:
         # A profiler step is one train iteration; the window is counted from here.
         with warnings.catch_warnings():
             # torch warns when warmup is 0; WARMUP_ITERATIONS: 0 is a valid choice.

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.checkpoint import detach_to_cpu
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ class CheckNanLossHook(VisslHook):
         self._iters: list[int] = []
         self._phases: list[int] = []
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         loss = task.last_batch.loss if task.last_batch is not None else None
         if loss is not None:
             self._losses.append(loss)
@@ -55,14 +58,14 @@ class CheckNanLossHook(VisslHook):
         if task.is_log_iteration or len(self._iters) >= self.window:
             self.check(task)
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         self.check(task)
 
-    def before_save(self, task: Any) -> None:
+    def before_save(self, task: SelfSupervisionTask) -> None:
         """A pending check names the iteration where things went wrong: run it before a save."""
         self.check(task)
 
-    def _dump(self, task: Any) -> str:
+    def _dump(self, task: SelfSupervisionTask) -> str:
         if not self.dump_folder or task.last_batch is None:
             return ""
         from vissl.utils.distributed import get_rank
@@ -75,7 +78,7 @@ class CheckNanLossHook(VisslHook):
         torch.save(detach_to_cpu(task.last_batch.sample.get("input")), inp)
         return f" The last batch's input and output are in {inp} and {out}."
 
-    def check(self, task: Any) -> None:
+    def check(self, task: SelfSupervisionTask) -> None:
         """Read the kept losses (one device read); raise on the first non-finite one."""
         n = len(self._iters)
         if n == 0:
@@ -121,7 +124,7 @@ class GradClipHook(VisslHook):
         self.norm_type = float("inf") if str(norm_type) == "inf" else float(norm_type)
         self.max_norm = float(max_norm)
 
-    def on_backward(self, task: Any) -> None:
+    def on_backward(self, task: SelfSupervisionTask) -> None:
         task.precision.unscale_(task.optimizer)
         params = [p for p in task.base_model.parameters() if p.grad is not None]
         torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)

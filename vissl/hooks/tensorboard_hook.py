@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vissl.hooks.base import Priority, VisslHook
 from vissl.hooks.log_hooks import current_lr
 from vissl.utils.distributed import is_primary
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class SSLTensorboardHook(VisslHook):
         self.writer: Any = None
         self._last = 0.0
 
-    def on_start(self, task: Any) -> None:
+    def on_start(self, task: SelfSupervisionTask) -> None:
         if not is_primary():
             return
         from torch.utils.tensorboard import SummaryWriter
@@ -53,11 +56,11 @@ class SSLTensorboardHook(VisslHook):
         task.tensorboard_writer = self.writer
         logger.info("TensorBoard events in %s", self.log_dir)
 
-    def on_phase_start(self, task: Any) -> None:
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
         self._last = time.perf_counter()
         self._steps = 0
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         self._steps += 1
         if self.writer is None or not task.is_log_iteration or not task.train:
             return
@@ -76,7 +79,7 @@ class SSLTensorboardHook(VisslHook):
         if self.log_params_every_n_iters > 0 and step % self.log_params_every_n_iters == 0:
             self._histograms(task)
 
-    def _histograms(self, task: Any) -> None:
+    def _histograms(self, task: SelfSupervisionTask) -> None:
         if not (self.log_params or self.log_params_gradients):
             return
         for name, param in task.base_model.named_parameters():
@@ -89,7 +92,7 @@ class SSLTensorboardHook(VisslHook):
                     f"Gradients/{name}", param.grad.detach().float().cpu(), task.iteration
                 )
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         if self.writer is None:
             return
         split = "train" if task.train else "test"
@@ -113,7 +116,7 @@ class SSLTensorboardHook(VisslHook):
             self._histograms(task)
         self.writer.flush()
 
-    def on_end(self, task: Any) -> None:
+    def on_end(self, task: SelfSupervisionTask) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

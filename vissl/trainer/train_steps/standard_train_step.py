@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from vissl.data.batch import construct_sample_for_model, move_to_device, to_chan
 from vissl.trainer.train_steps import register_train_step
 from vissl.utils.distributed import all_reduce_mean, get_world_size
 from vissl.utils.perf_stats import perf_timer
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 
 class LastBatchInfo:
@@ -42,7 +45,7 @@ class LastBatchInfo:
 class StandardTrainStep:
     """The default train step. Subclass it and override one section to customise."""
 
-    def __call__(self, task: Any) -> Any:
+    def __call__(self, task: SelfSupervisionTask) -> Any:
         task.last_batch = LastBatchInfo()
         stats = task.perf_stats
         accumulation = task.grad_accumulation_steps if task.train else 1
@@ -74,7 +77,7 @@ class StandardTrainStep:
                 task.num_updates += task.get_global_batchsize()
         return task
 
-    def _forward_and_loss(self, task: Any, stats: Any, sync: bool) -> torch.Tensor:
+    def _forward_and_loss(self, task: SelfSupervisionTask, stats: Any, sync: bool) -> torch.Tensor:
         """read_sample -> forward [on_forward] -> loss -> all-reduce -> meters [on_loss_and_meter]."""
         with perf_timer("read_sample", stats):
             sample = self.read_sample(task)
@@ -96,7 +99,7 @@ class StandardTrainStep:
         return local_loss
 
     # ------------------------------------------------------------------ sections
-    def read_sample(self, task: Any) -> dict[str, Any]:
+    def read_sample(self, task: SelfSupervisionTask) -> dict[str, Any]:
         """Next batch from the data iterator, reshaped and moved to the task's device.
 
         Raises StopIteration at the end of the phase (the trainer ends the phase on it).
@@ -108,7 +111,7 @@ class StandardTrainStep:
             sample["input"] = to_channels_last(sample["input"])
         return sample
 
-    def forward_context(self, task: Any, sync: bool = True) -> contextlib.ExitStack:
+    def forward_context(self, task: SelfSupervisionTask, sync: bool = True) -> contextlib.ExitStack:
         """Grad mode, the reducer's context (e.g. ``no_sync``) and autocast."""
         stack = contextlib.ExitStack()
         stack.enter_context(torch.enable_grad() if task.train else torch.no_grad())
@@ -119,20 +122,24 @@ class StandardTrainStep:
         return stack
 
     @staticmethod
-    def sync_context(task: Any, sync: bool) -> contextlib.AbstractContextManager[Any]:
+    def sync_context(
+        task: SelfSupervisionTask, sync: bool
+    ) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` for micro-batches that must not all-reduce gradients yet."""
         no_sync = getattr(task.model, "no_sync", None)
         if sync or no_sync is None:
             return contextlib.nullcontext()
         return no_sync()  # type: ignore[no-any-return]
 
-    def forward(self, task: Any, sample: dict[str, Any]) -> Any:
+    def forward(self, task: SelfSupervisionTask, sample: dict[str, Any]) -> Any:
         output = task.model(sample["input"])
         if isinstance(output, list | tuple) and len(output) == 1:
             output = output[0]
         return output
 
-    def compute_loss(self, task: Any, model_output: Any, sample: dict[str, Any]) -> torch.Tensor:
+    def compute_loss(
+        self, task: SelfSupervisionTask, model_output: Any, sample: dict[str, Any]
+    ) -> torch.Tensor:
         """The loss to backpropagate. A dict result: ``loss`` entry, others logged."""
         result = task.loss(model_output, sample["target"])
         if isinstance(result, Mapping):
@@ -145,7 +152,7 @@ class StandardTrainStep:
             return result["loss"]  # type: ignore[no-any-return]
         return result  # type: ignore[no-any-return]
 
-    def reduce_loss_for_logging(self, task: Any, local_loss: torch.Tensor) -> None:
+    def reduce_loss_for_logging(self, task: SelfSupervisionTask, local_loss: torch.Tensor) -> None:
         """Average the detached loss (and dict extras) over ranks, for logging only."""
         extras = task.last_batch.loss_extras
         if extras:
@@ -165,7 +172,9 @@ class StandardTrainStep:
         else:
             task.last_batch.loss = local_loss.detach()
 
-    def update_meters(self, task: Any, model_output: Any, sample: dict[str, Any]) -> None:
+    def update_meters(
+        self, task: SelfSupervisionTask, model_output: Any, sample: dict[str, Any]
+    ) -> None:
         """Update the meters, without the rows the sampler added as padding.
 
         ``sample["data_valid"]`` is 0 for the repeats a ``DistributedSampler`` pads each
@@ -206,7 +215,7 @@ class StandardTrainStep:
                 else:
                     meter.update([o[keep] for o in outputs], target[keep])
 
-    def backward(self, task: Any, local_loss: torch.Tensor) -> None:
+    def backward(self, task: SelfSupervisionTask, local_loss: torch.Tensor) -> None:
         """Backward of one (micro-)batch.
 
         With ``OPTIMIZER.GRAD_ACCUMULATION_STEPS`` = k > 1 this runs for each of the k
@@ -228,7 +237,7 @@ class StandardTrainStep:
         if last:
             task.grad_reducer.after_backward(task.model)
 
-    def optimizer_step(self, task: Any) -> None:
+    def optimizer_step(self, task: SelfSupervisionTask) -> None:
         where = task.where
         if where >= 1.0:
             raise RuntimeError(
