@@ -83,6 +83,38 @@ def build_hook(spec: Mapping[str, Any], index: int = 0) -> Any:
     return hook
 
 
+#: ``HOOKS.TENSORBOARD_SETUP.EXPERIMENT_LOG_DIR`` when it is null or empty.
+DEFAULT_TENSORBOARD_DIR = "tensorboard"
+
+
+def build_monitoring_hooks(cfg: Any) -> list[Any]:
+    """The hooks of ``HOOKS.MODEL_COMPLEXITY``, ``LOG_GPU_STATS`` and ``MEMORY_SUMMARY``.
+
+    The GPU memory hooks are added for ``MACHINE.DEVICE: gpu`` only (and do nothing if
+    the run ends up on a CPU).
+    """
+    from vissl.hooks.monitoring_hooks import (
+        DumpMemoryOnException,
+        LogGpuMemoryHook,
+        LogGpuStatsHook,
+        ModelComplexityHook,
+    )
+
+    hooks_cfg = cfg.HOOKS
+    memory = hooks_cfg.MEMORY_SUMMARY
+    on_gpu = str(cfg.MACHINE.DEVICE) == "gpu"
+    hooks: list[Any] = []
+    if hooks_cfg.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY:
+        hooks.append(ModelComplexityHook(list(hooks_cfg.MODEL_COMPLEXITY.INPUT_SHAPE)))
+    if hooks_cfg.LOG_GPU_STATS and on_gpu:
+        hooks.append(LogGpuStatsHook())
+    if memory.PRINT_MEMORY_SUMMARY and on_gpu:
+        hooks.append(LogGpuMemoryHook(memory.LOG_ITERATION_NUM))
+    if memory.DUMP_MEMORY_ON_EXCEPTION:
+        hooks.append(DumpMemoryOnException(cfg.CHECKPOINT.DIR))
+    return hooks
+
+
 def default_hook_generator(cfg: Any) -> list[Any]:
     """The default hooks for a config (``cfg`` is the ``config`` section).
 
@@ -111,12 +143,15 @@ def default_hook_generator(cfg: Any) -> list[Any]:
             rolling_btime_freq=int(cfg.HOOKS.PERF_STATS.ROLLING_BTIME_FREQ),
         )
     )
+    hooks.extend(build_monitoring_hooks(cfg))
     tb = cfg.HOOKS.TENSORBOARD_SETUP
     if tb.USE_TENSORBOARD:
-        base = folder if tb.LOG_DIR in ("", ".") else tb.LOG_DIR
+        # VISSL's configs often carry null here, meaning the default folder.
+        base = folder if tb.LOG_DIR in (None, "", ".") else tb.LOG_DIR
+        experiment = tb.EXPERIMENT_LOG_DIR or DEFAULT_TENSORBOARD_DIR
         hooks.append(
             SSLTensorboardHook(
-                os.path.join(base, tb.EXPERIMENT_LOG_DIR),
+                os.path.join(base, experiment),
                 log_params=bool(tb.LOG_PARAMS),
                 log_params_gradients=bool(tb.LOG_PARAMS_GRADIENTS),
                 log_params_every_n_iters=int(tb.LOG_PARAMS_EVERY_N_ITERS),
@@ -152,6 +187,7 @@ __all__ = [
     "SSLClassyHookFunctions",
     "VisslHook",
     "build_hook",
+    "build_monitoring_hooks",
     "default_hook_generator",
     "hook_name",
     "register_hook",
