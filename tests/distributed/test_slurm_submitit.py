@@ -4,6 +4,7 @@ exercised with submitit's local executor (a real job process, real signals)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -94,11 +95,15 @@ def test_preempted_job_requeues_and_finishes_from_its_checkpoint(tmp_path):
     assert (ckpt / "preempted_once").exists()
     saved_at = int((ckpt / "preempted_once").read_text())
     log = (ckpt / "log.txt").read_text()
-    # The requeued job resumed from the checkpoint written on preemption.
+    # The requeued job resumed from the checkpoint written on preemption: ranks agree on a
+    # stop within a few steps or at the phase end (here the phase has 4 steps), so the
+    # checkpoint is an iteration or a phase checkpoint written after the signal.
     resumed = [line for line in log.splitlines() if "resuming from" in line]
-    assert resumed and "model_iteration" in resumed[-1], log[-3000:]
-    iteration = int(resumed[-1].split("model_iteration")[1].split(".torch")[0])
-    assert saved_at <= iteration <= saved_at + 1
+    assert resumed, log[-3000:]
+    found = re.search(r"\(iteration (\d+)\)", resumed[-1])
+    assert found, resumed[-1]
+    iteration = int(found.group(1))
+    assert saved_at <= iteration < 8, resumed[-1]
     assert (ckpt / "model_final_checkpoint_phase1.torch").exists()
 
 

@@ -184,6 +184,34 @@ def test_resnet_layer4_stride_one() -> None:
     assert res4.shape[-2:] == res5.shape[-2:]
 
 
+def test_resnet_small_image_stem() -> None:
+    trunk = resnet(DEPTH=18, SMALL_IMAGE_STEM=True, WIDTH_MULTIPLIER=0.25).eval()
+    conv1 = trunk._feature_blocks.conv1
+    assert (conv1.kernel_size, conv1.stride, conv1.padding) == ((3, 3), (1, 1), (1, 1))
+    assert not any(isinstance(m, nn.MaxPool2d) for m in trunk.modules())
+    conv, res1, res5, flat = trunk(x(32), ["conv1", "res1", "res5", "flatten"])
+    assert conv.shape == (2, 16, 32, 32)
+    assert torch.equal(conv, res1)  # no max-pool: res1 is the stem output
+    assert res5.shape == (2, 128, 4, 4)
+    assert flat.shape == (2, 128)
+    # same block names and parameter keys as the standard stem: checkpoints interchange
+    default = resnet(DEPTH=18, WIDTH_MULTIPLIER=0.25)
+    assert list(trunk._feature_blocks) == list(default._feature_blocks)
+    assert set(trunk.state_dict()) == set(default.state_dict())
+    with pytest.raises(ConfigError) as e:
+        resnet(SMALL_IMAGE_STEM="yes")
+    assert e.value.key_path == "config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM"
+
+
+def test_resnet_default_stem_unchanged() -> None:
+    assert _MODEL_DEFAULTS["TRUNK"]["RESNETS"]["SMALL_IMAGE_STEM"] is False
+    trunk = resnet(DEPTH=18, WIDTH_MULTIPLIER=0.25)
+    conv1 = trunk._feature_blocks.conv1
+    assert (conv1.kernel_size, conv1.stride, conv1.padding) == ((7, 7), (2, 2), (3, 3))
+    assert isinstance(trunk._feature_blocks.maxpool, nn.MaxPool2d)
+    assert trunk(x(32), ["res5"])[0].shape == (2, 128, 1, 1)
+
+
 def test_resnet_lab_and_bgr_inputs() -> None:
     cfg = model_config(DEPTH=18, WIDTH_MULTIPLIER=0.25)
     cfg.INPUT_TYPE = "lab"

@@ -91,7 +91,8 @@ def extract_main(
     setup_logging(checkpoint_folder, get_rank(), verbose=bool(cfg.VERBOSE))
     try:
         device = get_device(cfg, local_rank)
-        set_seeds(cfg, get_rank())
+        # The same seed on every rank: a randomly initialised model is the same model.
+        set_seeds(cfg, 0)
         model = build_model(cfg.MODEL, cfg.OPTIMIZER).to(device)
         if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE:
             init_model_from_weights_params_file(model, cfg.MODEL.WEIGHTS_INIT)

@@ -128,6 +128,73 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
+_FE_KEY = "config.MODEL.FEATURE_EVAL_SETTINGS"
+
+
+def check_feature_eval_settings(model_config: Mapping[str, Any]) -> None:
+    """Reject contradictory FEATURE_EVAL_SETTINGS; warn about flags that have no effect.
+
+    The settings, as in VISSL: ``EVAL_MODE_ON`` turns evaluation on (heads are new unless
+    ``EVAL_TRUNK_AND_HEAD``); ``FREEZE_TRUNK_ONLY`` / ``FREEZE_TRUNK_AND_HEAD`` freeze the
+    trunk (kept in eval mode, no gradients) / the whole model; a non-empty
+    ``LINEAR_EVAL_FEAT_POOL_OPS_MAP`` taps several trunk layers (one head per layer);
+    ``EXTRACT_TRUNK_FEATURES_ONLY`` returns the trunk features without heads;
+    ``EVAL_TRUNK_AND_HEAD`` evaluates the pretraining head (loaded from WEIGHTS_INIT) on the
+    trunk output.
+
+    Raises:
+        ConfigError: EVAL_TRUNK_AND_HEAD together with EXTRACT_TRUNK_FEATURES_ONLY, with a
+            multi-layer LINEAR_EVAL_FEAT_POOL_OPS_MAP, or without any head.
+    """
+    fe = cfg_get(model_config, "FEATURE_EVAL_SETTINGS", {}) or {}
+    eval_on = bool(fe.get("EVAL_MODE_ON", False))
+    trunk_and_head = bool(fe.get("EVAL_TRUNK_AND_HEAD", False))
+    trunk_only = bool(fe.get("EXTRACT_TRUNK_FEATURES_ONLY", False))
+    pool_map = fe.get("LINEAR_EVAL_FEAT_POOL_OPS_MAP", []) or []
+    if not eval_on:
+        ignored = [k for k in ("EVAL_TRUNK_AND_HEAD", "EXTRACT_TRUNK_FEATURES_ONLY") if fe.get(k)]
+        if pool_map and not is_feature_extractor_model(model_config):
+            ignored.append("LINEAR_EVAL_FEAT_POOL_OPS_MAP")
+        if ignored:
+            logger.warning(
+                "%s.%s have no effect without EVAL_MODE_ON: True (as in VISSL).",
+                _FE_KEY,
+                "/".join(ignored),
+            )
+        return
+    if pool_map and not is_feature_extractor_model(model_config):
+        logger.warning(
+            "%s.LINEAR_EVAL_FEAT_POOL_OPS_MAP is used only with FREEZE_TRUNK_ONLY or "
+            "FREEZE_TRUNK_AND_HEAD; it is ignored and the trunk returns its default output.",
+            _FE_KEY,
+        )
+    if not trunk_and_head:
+        return
+    if trunk_only:
+        raise ConfigError(
+            f"{_FE_KEY}: EVAL_TRUNK_AND_HEAD (evaluate the pretraining head's output) and "
+            "EXTRACT_TRUNK_FEATURES_ONLY (return the trunk features, no head) contradict "
+            "each other; set one of them to False.",
+            f"{_FE_KEY}.EVAL_TRUNK_AND_HEAD",
+        )
+    if pool_map and is_feature_extractor_model(model_config):
+        raise ConfigError(
+            f"{_FE_KEY}: EVAL_TRUNK_AND_HEAD evaluates the pretraining head on the trunk's "
+            "final output, while LINEAR_EVAL_FEAT_POOL_OPS_MAP taps several trunk layers for "
+            "new per-layer heads. Use EVAL_TRUNK_AND_HEAD with an empty "
+            "LINEAR_EVAL_FEAT_POOL_OPS_MAP and the pretraining MODEL.HEAD.PARAMS, or set "
+            "EVAL_TRUNK_AND_HEAD: False for linear evaluation of several layers.",
+            f"{_FE_KEY}.EVAL_TRUNK_AND_HEAD",
+        )
+    if not (cfg_get(model_config, "HEAD.PARAMS", []) or []):
+        raise ConfigError(
+            f"{_FE_KEY}.EVAL_TRUNK_AND_HEAD is on but config.MODEL.HEAD.PARAMS is empty: "
+            "give the pretraining head (e.g. SimCLR's projection MLP) so its weights can be "
+            "loaded from config.MODEL.WEIGHTS_INIT and evaluated.",
+            _HEAD_KEY,
+        )
+
+
 @register_model("multi_input_output_model")
 class BaseSSLMultiInputOutputModel(nn.Module):
     """Self-supervised model: a trunk computing features, heads computing outputs.
@@ -156,6 +223,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 "multi_input_output_model; leave it empty.",
                 "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
             )
+        check_feature_eval_settings(model_config)
         self.eval_mode = is_feature_extractor_model(model_config)
         self.trunk = self._get_trunk()
         self._output_feature_names = get_trunk_output_feature_names(model_config)
@@ -229,6 +297,11 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             )
         if freeze_all:
             self.freeze_head_and_trunk()
+            logger.info(
+                "FREEZE_TRUNK_AND_HEAD: the model is fully frozen; evaluate it with "
+                "engine_name=extract_features or config.TEST_ONLY=True (a training phase "
+                "would have nothing to optimise)."
+            )
         elif freeze_trunk or self.eval_mode:
             self.freeze_trunk()
         names = list(cfg_get(self.model_config, "NON_TRAINABLE_PARAMS", []) or [])
@@ -280,6 +353,24 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 )
             for n in hits:
                 params[n].requires_grad = False
+
+    def init_model_from_weights_params_file(
+        self, config: Mapping[str, Any], checkpoint: Mapping[str, Any], strict: bool = False
+    ) -> None:
+        """VISSL's method: load a loaded weights file following config.MODEL.WEIGHTS_INIT.
+
+        Args:
+            config: the full config (MODEL.WEIGHTS_INIT and MODEL.FEATURE_EVAL_SETTINGS).
+            checkpoint: the loaded file (e.g. ``load_checkpoint(path)``).
+            strict: accepted for VISSL compatibility; loading is always checked (missing
+                or mis-shaped keys are errors unless in SKIP_LAYERS).
+        """
+        from vissl.utils.weights_init import init_model_from_checkpoint
+
+        model_cfg = config["MODEL"]
+        init_model_from_checkpoint(
+            self, checkpoint, model_cfg["WEIGHTS_INIT"], model_cfg, source="the checkpoint"
+        )
 
     def is_fully_frozen_model(self) -> bool:
         """True if no trunk or head parameter is trainable."""

@@ -1,19 +1,37 @@
 """``MODEL.WEIGHTS_INIT``: initialise a model from a weights file (no resume checkpoint).
 
-The file is one of our checkpoints (``STATE_DICT_KEY_NAME: classy_state_dict``) or any
-state dict (e.g. torchvision's, with ``STATE_DICT_KEY_NAME: ""`` and
-``APPEND_PREFIX: trunk._feature_blocks.``). Every model parameter and buffer must be found
-with the right shape, unless its name contains an entry of ``SKIP_LAYERS``; heads are
-loaded only when the file holds head weights. Anything else is an error that lists the
-keys, so a partial load never passes silently.
+Keys, as in VISSL:
+
+- ``PARAMS_FILE``: the file (one of our checkpoints, a VISSL checkpoint, or any state dict).
+- ``STATE_DICT_KEY_NAME``: where the weights are inside the file: ``classy_state_dict``
+  (our and VISSL's checkpoints), another top-level key (``model_state_dict``, ``model``...),
+  a list of nested keys, or ``""`` for a file that is the state dict itself.
+- ``SKIP_LAYERS``: a model key containing one of these strings is not loaded.
+- ``REMOVE_PREFIX`` then ``APPEND_PREFIX``: rename the keys of a plain state dict, e.g.
+  ``APPEND_PREFIX: trunk._feature_blocks.`` for torchvision's ResNet weights. VISSL
+  checkpoints already carry ``trunk.`` / ``heads.`` names, so these are not applied to them.
+
+Trunk keys are adapted to the model: a pretraining trunk (``trunk.x``) loads into a
+linear-evaluation trunk (``trunk.base_model.x``) and back.
+
+Heads follow VISSL's rule: they are loaded when ``FEATURE_EVAL_SETTINGS.EVAL_MODE_ON`` is
+off (fine-tuning) or when ``EVAL_TRUNK_AND_HEAD`` is on (the pretraining head is evaluated).
+In evaluation mode otherwise the heads are new (e.g. ``eval_mlp`` classifiers) and the
+file's heads (e.g. SimCLR's projection) are skipped.
+
+Unlike VISSL, a partial load never passes silently: a model key that should be loaded but
+is not in the file, or has another shape, is an error listing the keys (skip them on
+purpose with ``SKIP_LAYERS``). What was loaded and skipped is logged.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,46 +41,299 @@ from vissl.utils.checkpoint import load_checkpoint
 logger = logging.getLogger(__name__)
 
 KEY = "config.MODEL.WEIGHTS_INIT"
+_FEATURE_EXTRACTOR_PREFIX = "trunk.base_model."
+_LIST_LIMIT = 30
 
 
-def _flatten_vissl_state(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+@dataclass
+class WeightsInitReport:
+    """What :func:`init_model_from_weights_params_file` did, key by key (model key names)."""
+
+    loaded: list[str] = field(default_factory=list)
+    #: model keys matched by SKIP_LAYERS
+    skipped: list[str] = field(default_factory=list)
+    #: head keys left at their initialisation (evaluation heads, or a file without heads)
+    heads_kept: list[str] = field(default_factory=list)
+    #: file keys that went into no model key
+    unused: list[str] = field(default_factory=list)
+
+
+def _short(keys: Sequence[str]) -> str:
+    keys = list(keys)
+    if len(keys) <= _LIST_LIMIT:
+        return str(keys)
+    return f"{keys[:_LIST_LIMIT]} ... and {len(keys) - _LIST_LIMIT} more"
+
+
+def _flatten_vissl_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """``{"base_model": {"model": {"trunk", "heads"}}}`` -> ``{"trunk.x": t, "heads.y": t}``."""
     model = state["base_model"]["model"]
-    flat = {f"trunk.{k}": v for k, v in model.get("trunk", {}).items()}
-    flat.update({f"heads.{k}": v for k, v in model.get("heads", {}).items()})
-    flat.update(model.get("other", {}))
+    flat = {f"trunk.{k}": v for k, v in (model.get("trunk") or {}).items()}
+    flat.update({f"heads.{k}": v for k, v in (model.get("heads") or {}).items()})
+    flat.update(model.get("other") or {})
     return flat
 
 
-def extract_state_dict(checkpoint: Mapping[str, Any], key_name: str) -> dict[str, torch.Tensor]:
-    """The flat state dict inside ``checkpoint`` under ``key_name`` ("" = the file itself)."""
-    state: Any = checkpoint
-    if key_name:
-        if key_name not in checkpoint:
-            raise ConfigError(
-                f"{KEY}.STATE_DICT_KEY_NAME={key_name!r} is not in the weights file; its top-level "
-                f"keys are {sorted(checkpoint)[:20]}. Use one of them, or '' for a plain state dict.",
-                f"{KEY}.STATE_DICT_KEY_NAME",
-            )
-        state = checkpoint[key_name]
-    if isinstance(state, Mapping) and "base_model" in state:
-        return _flatten_vissl_state(state)
-    if not isinstance(state, Mapping) or not all(
-        isinstance(v, torch.Tensor) for v in state.values()
-    ):
+def _as_tensor_dict(state: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    bad: list[str] = []
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            out[str(name)] = value
+        elif isinstance(value, np.ndarray):  # VISSL's converted Caffe2 weights
+            out[str(name)] = torch.from_numpy(value)
+        else:
+            bad.append(str(name))
+    if bad:
         raise ConfigError(
-            f"the weights under {key_name or 'the file root'!r} are not a state dict of tensors.",
+            f"the weights under {where} are not a state dict of tensors: {_short(bad)} hold "
+            f"{type(state[bad[0]]).__name__} values. Point {KEY}.STATE_DICT_KEY_NAME at the "
+            "state dict inside the file.",
             f"{KEY}.STATE_DICT_KEY_NAME",
         )
-    return dict(state)
+    return out
 
 
-def init_model_from_weights_params_file(model: nn.Module, weights_cfg: Mapping[str, Any]) -> None:
-    """Load ``weights_cfg.PARAMS_FILE`` into ``model`` following the WEIGHTS_INIT keys.
+def extract_state_dict(
+    checkpoint: Mapping[str, Any], key_name: str | Sequence[str]
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """The flat state dict inside ``checkpoint`` under ``key_name``.
+
+    Args:
+        checkpoint: the loaded file.
+        key_name: a top-level key, a list of nested keys, or "" for the file itself.
+
+    Returns:
+        (state dict, is_vissl): ``is_vissl`` is True when the weights were a VISSL model
+        state (``base_model.model.trunk/heads``), whose keys are already model keys.
 
     Raises:
-        ConfigError: missing file, wrong key name, or model keys missing / of the wrong
-            shape in the file (listed), unless matched by SKIP_LAYERS.
+        ConfigError: a key is not in the file, or what it points at holds no tensors.
+    """
+    keys = [key_name] if isinstance(key_name, str) else [str(k) for k in key_name]
+    state: Any = checkpoint
+    path: list[str] = []
+    for key in (k for k in keys if k):
+        if not isinstance(state, Mapping) or key not in state:
+            found = sorted(map(str, state))[:20] if isinstance(state, Mapping) else []
+            where = "/".join(path) or "the top level"
+            raise ConfigError(
+                f"{KEY}.STATE_DICT_KEY_NAME={key_name!r}: {key!r} is not in the weights file "
+                f"at {where}; the keys there are {found}. Use one of them, or '' when the "
+                "file is the state dict itself.",
+                f"{KEY}.STATE_DICT_KEY_NAME",
+            )
+        state = state[key]
+        path.append(key)
+    where = "/".join(path) or "the file root"
+    if isinstance(state, Mapping) and "base_model" in state:
+        return _as_tensor_dict(_flatten_vissl_state(state), where), True
+    if not isinstance(state, Mapping):
+        raise ConfigError(
+            f"the weights under {where} are a {type(state).__name__}, not a state dict.",
+            f"{KEY}.STATE_DICT_KEY_NAME",
+        )
+    return _as_tensor_dict(state, where), False
+
+
+def _rename(state: Mapping[str, torch.Tensor], remove: str, append: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if remove and name.startswith(remove):
+            name = name[len(remove) :]
+        out[append + name] = value
+    return out
+
+
+def _adapt_trunk_keys(
+    state: Mapping[str, torch.Tensor], target: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Map ``trunk.x`` <-> ``trunk.base_model.x`` to the trunk layout of the model."""
+    model_fe = any(k.startswith(_FEATURE_EXTRACTOR_PREFIX) for k in target)
+    trunk_keys = [k for k in state if k.startswith("trunk.")]
+    file_fe = bool(trunk_keys) and all(k.startswith(_FEATURE_EXTRACTOR_PREFIX) for k in trunk_keys)
+    if model_fe == file_fe or not trunk_keys:
+        return dict(state)
+    out: dict[str, torch.Tensor] = {}
+    for name, value in state.items():
+        if model_fe and name.startswith("trunk."):
+            name = _FEATURE_EXTRACTOR_PREFIX + name[len("trunk.") :]
+        elif not model_fe and name.startswith(_FEATURE_EXTRACTOR_PREFIX):
+            name = "trunk." + name[len(_FEATURE_EXTRACTOR_PREFIX) :]
+        out[name] = value
+    return out
+
+
+def _eval_flags(model_config: Mapping[str, Any] | None) -> tuple[bool, bool]:
+    fe = (model_config or {}).get("FEATURE_EVAL_SETTINGS") or {}
+    return bool(fe.get("EVAL_MODE_ON", False)), bool(fe.get("EVAL_TRUNK_AND_HEAD", False))
+
+
+def should_init_head_weights(model_config: Mapping[str, Any] | None) -> bool:
+    """VISSL's rule: heads come from the file unless evaluating with new heads.
+
+    True when FEATURE_EVAL_SETTINGS.EVAL_MODE_ON is off (fine-tuning, resuming a recipe)
+    or EVAL_TRUNK_AND_HEAD is on (the pretraining head is evaluated).
+    """
+    eval_mode, trunk_and_head = _eval_flags(model_config)
+    return not eval_mode or trunk_and_head
+
+
+def init_model_from_checkpoint(
+    model: nn.Module,
+    checkpoint: Mapping[str, Any],
+    weights_cfg: Mapping[str, Any],
+    model_config: Mapping[str, Any] | None = None,
+    source: str = "the weights file",
+) -> WeightsInitReport:
+    """Load an already read ``checkpoint`` into ``model`` following the WEIGHTS_INIT keys.
+
+    Args:
+        model: the model (trunk + heads; keys ``trunk.*`` and ``heads.*``).
+        checkpoint: the loaded weights file.
+        weights_cfg: config.MODEL.WEIGHTS_INIT.
+        model_config: config.MODEL (FEATURE_EVAL_SETTINGS decides whether heads load);
+            defaults to ``model.model_config``.
+        source: the file name, for messages.
+
+    Returns:
+        What was loaded, skipped and left unused.
+
+    Raises:
+        ConfigError: no file key matches a model key, model keys to load are missing from
+            the file or have another shape (listed), or the evaluated head is absent.
+    """
+    if model_config is None:
+        model_config = getattr(model, "model_config", None)
+    key_name = weights_cfg.get("STATE_DICT_KEY_NAME", "classy_state_dict")
+    if key_name is None:
+        key_name = ""
+    source_state, is_vissl = extract_state_dict(checkpoint, key_name)
+    remove = str(weights_cfg.get("REMOVE_PREFIX", "") or "")
+    append = str(weights_cfg.get("APPEND_PREFIX", "") or "")
+    if is_vissl and (remove or append):
+        logger.warning(
+            "%s.REMOVE_PREFIX/APPEND_PREFIX are ignored: %s is a VISSL checkpoint whose keys "
+            "are already trunk.* / heads.*.",
+            KEY,
+            source,
+        )
+    renamed = source_state if is_vissl else _rename(source_state, remove, append)
+    target = model.state_dict()
+    renamed = _adapt_trunk_keys(renamed, target)
+
+    skip = [str(s) for s in (weights_cfg.get("SKIP_LAYERS") or []) if s]
+    load_heads = should_init_head_weights(model_config)
+    _, trunk_and_head = _eval_flags(model_config)
+    file_has_heads = any(k.startswith("heads.") for k in renamed)
+    model_has_heads = any(k.startswith("heads.") for k in target)
+    if trunk_and_head and load_heads and model_has_heads and not file_has_heads:
+        raise ConfigError(
+            f"config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD is on, but {source} "
+            "holds no head weights (no heads.* keys after renaming). Evaluate the trunk "
+            "instead (EVAL_TRUNK_AND_HEAD: False) or give a checkpoint with its head.",
+            "config.MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD",
+        )
+
+    report = WeightsInitReport()
+    missing: list[str] = []
+    mismatched: list[str] = []
+    to_load: dict[str, torch.Tensor] = {}
+    for name, tensor in target.items():
+        if any(s in name for s in skip):
+            report.skipped.append(name)
+            continue
+        if name.startswith("heads.") and not (load_heads and file_has_heads):
+            report.heads_kept.append(name)
+            continue
+        if name not in renamed:
+            missing.append(name)
+        elif tuple(renamed[name].shape) != tuple(tensor.shape):
+            mismatched.append(
+                f"{name}: file {tuple(renamed[name].shape)} vs model {tuple(tensor.shape)}"
+            )
+        else:
+            to_load[name] = renamed[name]
+    hint = (
+        f"File keys look like {list(renamed)[:3]}; model keys like {list(target)[:3]}. Fix the "
+        f"names with {KEY}.REMOVE_PREFIX / APPEND_PREFIX (or STATE_DICT_KEY_NAME), or skip "
+        f"layers on purpose with {KEY}.SKIP_LAYERS."
+    )
+    if missing or mismatched:
+        if to_load:
+            lines = [f"{KEY}: {source} does not match the model."]
+        else:
+            lines = [
+                f"{KEY}: nothing in {source} matches the model: none of its {len(renamed)} "
+                "keys is a model key of the same shape."
+            ]
+        if missing:
+            lines.append(f"missing in the file ({len(missing)}): {_short(missing)}")
+        if mismatched:
+            lines.append(f"shape mismatch ({len(mismatched)}): {_short(mismatched)}")
+        lines.append(hint)
+        raise ConfigError("\n".join(lines), f"{KEY}.PARAMS_FILE")
+
+    model.load_state_dict(
+        {k: v.to(dtype=target[k].dtype) for k, v in to_load.items()}, strict=False
+    )
+    report.loaded = list(to_load)
+    report.unused = sorted(set(renamed) - set(to_load))
+    _log_report(report, source, load_heads, skip)
+    return report
+
+
+def _log_report(
+    report: WeightsInitReport, source: str, load_heads: bool, skip: Sequence[str]
+) -> None:
+    n_heads = sum(k.startswith("heads.") for k in report.loaded)
+    logger.info(
+        "%s: loaded %d tensors from %s (trunk: %d, heads: %d)",
+        KEY,
+        len(report.loaded),
+        source,
+        len(report.loaded) - n_heads,
+        n_heads,
+    )
+    logger.debug("loaded: %s", report.loaded)
+    if report.skipped:
+        counts = {s: sum(s in k for k in report.skipped) for s in skip}
+        logger.info("skipped by %s.SKIP_LAYERS: %s model keys", KEY, counts)
+    if report.heads_kept:
+        why = (
+            "evaluation heads (FEATURE_EVAL_SETTINGS.EVAL_MODE_ON without EVAL_TRUNK_AND_HEAD)"
+            if not load_heads
+            else "the file has no head weights"
+        )
+        logger.info(
+            "heads kept at their initialisation, %s (%d): %s",
+            why,
+            len(report.heads_kept),
+            _short(report.heads_kept),
+        )
+    unused = [k for k in report.unused if not any(s in k for s in skip)]
+    if unused:
+        logger.info("file entries not loaded (%d): %s", len(unused), _short(unused))
+
+
+def init_model_from_weights_params_file(
+    model: nn.Module,
+    weights_cfg: Mapping[str, Any],
+    model_config: Mapping[str, Any] | None = None,
+) -> WeightsInitReport:
+    """Load ``weights_cfg.PARAMS_FILE`` into ``model`` following the WEIGHTS_INIT keys.
+
+    Args:
+        model: the model to initialise in place.
+        weights_cfg: config.MODEL.WEIGHTS_INIT.
+        model_config: config.MODEL; defaults to ``model.model_config``.
+
+    Returns:
+        What was loaded, skipped and left unused.
+
+    Raises:
+        ConfigError: the file cannot be read, a key name is wrong, or the weights do not
+            fit the model (see :func:`init_model_from_checkpoint`).
     """
     path = str(weights_cfg["PARAMS_FILE"])
     try:
@@ -71,49 +342,43 @@ def init_model_from_weights_params_file(model: nn.Module, weights_cfg: Mapping[s
         raise ConfigError(
             f"{KEY}.PARAMS_FILE={path!r} cannot be loaded: {err}", f"{KEY}.PARAMS_FILE"
         ) from err
-    source = extract_state_dict(checkpoint, str(weights_cfg.get("STATE_DICT_KEY_NAME", "")))
-    remove, append = (
-        str(weights_cfg.get("REMOVE_PREFIX", "")),
-        str(weights_cfg.get("APPEND_PREFIX", "")),
-    )
-    renamed: dict[str, torch.Tensor] = {}
-    for name, value in source.items():
-        if remove and name.startswith(remove):
-            name = name[len(remove) :]
-        renamed[append + name] = value
-    skip = [s for s in weights_cfg.get("SKIP_LAYERS", []) if s]
-    target = model.state_dict()
-    file_has_heads = any(k.startswith("heads.") for k in renamed)
-    missing, mismatched, loaded = [], [], {}
-    for name, tensor in target.items():
-        if any(s in name for s in skip):
-            continue
-        if name.startswith("heads.") and not file_has_heads:
-            continue  # trunk-only weights: heads keep their initialisation
-        if name not in renamed:
-            missing.append(name)
-        elif tuple(renamed[name].shape) != tuple(tensor.shape):
-            mismatched.append(
-                f"{name}: file {tuple(renamed[name].shape)} vs model {tuple(tensor.shape)}"
-            )
-        else:
-            loaded[name] = renamed[name]
-    if missing or mismatched:
-        lines = [f"{KEY}: {path} does not match the model."]
-        if missing:
-            lines.append(f"missing in the file ({len(missing)}): {missing[:30]}")
-        if mismatched:
-            lines.append(f"shape mismatch ({len(mismatched)}): {mismatched[:30]}")
-        lines.append(
-            f"Fix the prefixes ({KEY}.REMOVE_PREFIX / APPEND_PREFIX; file keys look like "
-            f"{list(source)[:3]}) or skip layers on purpose with {KEY}.SKIP_LAYERS."
+    if not isinstance(checkpoint, Mapping):
+        raise ConfigError(
+            f"{KEY}.PARAMS_FILE={path!r} holds a {type(checkpoint).__name__}, not a dict of "
+            "weights.",
+            f"{KEY}.PARAMS_FILE",
         )
-        raise ConfigError("\n".join(lines), f"{KEY}.PARAMS_FILE")
-    model.load_state_dict(loaded, strict=False)
-    unused = sorted(set(renamed) - set(loaded))
-    logger.info(
-        "initialised %d tensors from %s%s",
-        len(loaded),
-        path,
-        f"; {len(unused)} file entries unused (e.g. {unused[:5]})" if unused else "",
-    )
+    return init_model_from_checkpoint(model, checkpoint, weights_cfg, model_config, source=path)
+
+
+def init_model_from_consolidated_weights(
+    config: Mapping[str, Any],
+    model: nn.Module,
+    state_dict: Mapping[str, Any],
+    state_dict_key_name: str | Sequence[str],
+    skip_layers: Sequence[str],
+    replace_prefix: str | None = None,
+    append_prefix: str | None = None,
+) -> nn.Module:
+    """VISSL's function of this name: load ``state_dict`` (a loaded file) into ``model``.
+
+    Args:
+        config: the full config (``config.MODEL`` is read).
+        model: the model to initialise in place.
+        state_dict: the loaded weights file.
+        state_dict_key_name: as WEIGHTS_INIT.STATE_DICT_KEY_NAME.
+        skip_layers: as WEIGHTS_INIT.SKIP_LAYERS.
+        replace_prefix: as WEIGHTS_INIT.REMOVE_PREFIX.
+        append_prefix: as WEIGHTS_INIT.APPEND_PREFIX.
+
+    Returns:
+        ``model``.
+    """
+    weights_cfg = {
+        "STATE_DICT_KEY_NAME": state_dict_key_name,
+        "SKIP_LAYERS": list(skip_layers),
+        "REMOVE_PREFIX": replace_prefix or "",
+        "APPEND_PREFIX": append_prefix or "",
+    }
+    init_model_from_checkpoint(model, state_dict, weights_cfg, config.get("MODEL"))
+    return model

@@ -50,13 +50,39 @@ class LinearEvalMLP(nn.Module):
             momentum=float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1)),
         )
         self.clf = MLP(model_config, dims, use_bn=use_bn, use_relu=use_relu)
+        self.in_features = int(dims[0])
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        if batch.ndim == 2:
+        flattened = batch.ndim == 2
+        if flattened:
             batch = batch[:, :, None, None]
         if batch.ndim != 4:
             raise ValueError(
                 f"eval_mlp expects a 2D or 4D feature; got shape {tuple(batch.shape)}."
+            )
+        if batch.shape[1] != self.channel_bn.num_features:
+            raise ConfigError(
+                f"config.MODEL.HEAD.PARAMS: eval_mlp has in_channels="
+                f"{self.channel_bn.num_features} but its feature has {batch.shape[1]} channels "
+                f"(shape {tuple(batch.shape)}); set in_channels to {batch.shape[1]}."
+                + (
+                    " The feature arrived flattened: eval_mlp normalises each channel of a "
+                    "pooled C x H x W map, so keep the maps with config.MODEL."
+                    "FEATURE_EVAL_SETTINGS.SHOULD_FLATTEN_FEATS: False (as VISSL's linear "
+                    "evaluation configs do)."
+                    if flattened
+                    else ""
+                ),
+                "config.MODEL.HEAD.PARAMS",
+            )
+        flat = batch.shape[1] * batch.shape[2] * batch.shape[3]
+        if flat != self.in_features:
+            raise ConfigError(
+                f"config.MODEL.HEAD.PARAMS: eval_mlp has dims[0]={self.in_features} but its "
+                f"feature of shape {tuple(batch.shape)} flattens to {flat} values; set "
+                f"dims[0] to {flat} or change the pooling op of this layer in "
+                "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP.",
+                "config.MODEL.HEAD.PARAMS",
             )
         out = self.channel_bn(batch)
         return self.clf(torch.flatten(out, start_dim=1))

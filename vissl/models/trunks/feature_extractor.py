@@ -65,7 +65,14 @@ class FeatureExtractorModel(nn.Module):
                     '["res5", ["AdaptiveAvgPool2d", [[1, 1]]]].',
                     _KEY,
                 )
-            ops.append(POOL_OPS[spec[0]](*spec[1]))
+            try:
+                ops.append(POOL_OPS[spec[0]](*spec[1]))
+            except (TypeError, ValueError) as err:
+                raise ConfigError(
+                    f"{_KEY}[{i}]={item!r}: {spec[0]} cannot be built with the arguments "
+                    f"{list(spec[1])}: {err}",
+                    _KEY,
+                ) from None
         self.feature_pool_ops = nn.ModuleList(ops)
         for param in self.base_model.parameters():
             param.requires_grad = False

@@ -2,7 +2,10 @@
 
 Configured by MODEL.TRUNK.RESNETS: DEPTH (18, 34: BasicBlock; 50, 101, 152, 200:
 Bottleneck), WIDTH_MULTIPLIER, GROUPS, WIDTH_PER_GROUP, NORM (BatchNorm | GroupNorm |
-LayerNorm), GROUPNORM_GROUPS, ZERO_INIT_RESIDUAL, LAYER4_STRIDE, STANDARDIZE_CONVOLUTIONS.
+LayerNorm), GROUPNORM_GROUPS, ZERO_INIT_RESIDUAL, LAYER4_STRIDE, STANDARDIZE_CONVOLUTIONS,
+SMALL_IMAGE_STEM (True: a 3x3 stride-1 first conv and no max-pool, as CIFAR/solo-learn
+ResNets use for 32 px images; ``maxpool`` is then an identity so block names, feature
+names and checkpoint keys are unchanged, and ``res1`` equals ``conv1``).
 
 Layers live in ``_feature_blocks`` with VISSL's block names (``conv1``, ``bn1``,
 ``conv1_relu``, ``maxpool``, ``layer1``..``layer4``, ``avgpool``, ``flatten``) so that
@@ -182,6 +185,12 @@ class ResNeXt(nn.Module):
             cfg_get(model_config, "ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS", 2)
         )
 
+        self.small_image_stem = trunk_config.get("SMALL_IMAGE_STEM", False)
+        if not isinstance(self.small_image_stem, bool):
+            raise ConfigError(
+                f"{_KEY}.SMALL_IMAGE_STEM must be true or false; got {self.small_image_stem!r}.",
+                f"{_KEY}.SMALL_IMAGE_STEM",
+            )
         width = int(base_width)
         self._inplanes = width
         logger.info(
@@ -192,11 +201,20 @@ class ResNeXt(nn.Module):
             mult,
             trunk_config.get("NORM", "BatchNorm"),
         )
+        stem_conv: nn.Module
+        stem_pool: nn.Module
+        if self.small_image_stem:
+            # CIFAR-style stem: keeps the input resolution (32 px -> 4x4 after layer4)
+            stem_conv = nn.Conv2d(in_channels, width, 3, stride=1, padding=1, bias=False)
+            stem_pool = nn.Identity()
+        else:
+            stem_conv = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
+            stem_pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         blocks: list[tuple[str, nn.Module]] = [
-            ("conv1", nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)),
+            ("conv1", stem_conv),
             ("bn1", self._norm_layer(width)),
             ("conv1_relu", nn.ReLU(inplace=True)),
-            ("maxpool", nn.MaxPool2d(kernel_size=3, stride=2, padding=1)),
+            ("maxpool", stem_pool),
             ("layer1", self._make_layer(block, width, layers[0])),
             ("layer2", self._make_layer(block, width * 2, layers[1], stride=2)),
             ("layer3", self._make_layer(block, width * 4, layers[2], stride=2)),
