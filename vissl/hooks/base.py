@@ -24,7 +24,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
 
 from vissl.errors import ConfigError
 
@@ -79,37 +82,37 @@ class VisslHook:
         self._name = value
 
     @staticmethod
-    def _noop(task: Any) -> None:
+    def _noop(task: SelfSupervisionTask) -> None:
         """VISSL's idiom ``on_x = ClassyHook._noop``: an explicit no-op (skipped by dispatch)."""
 
-    def on_start(self, task: Any) -> None:
+    def on_start(self, task: SelfSupervisionTask) -> None:
         """Once, before the first phase."""
 
-    def on_phase_start(self, task: Any) -> None:
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
         """At the start of every train or test phase."""
 
-    def on_forward(self, task: Any) -> None:
+    def on_forward(self, task: SelfSupervisionTask) -> None:
         """After the model's forward pass, before the loss."""
 
-    def on_loss_and_meter(self, task: Any) -> None:
+    def on_loss_and_meter(self, task: SelfSupervisionTask) -> None:
         """After the loss and the meters are computed."""
 
-    def on_backward(self, task: Any) -> None:
+    def on_backward(self, task: SelfSupervisionTask) -> None:
         """After backward, before the optimizer step (train phases)."""
 
-    def on_update(self, task: Any) -> None:
+    def on_update(self, task: SelfSupervisionTask) -> None:
         """After the optimizer step (train phases)."""
 
-    def on_step(self, task: Any) -> None:
+    def on_step(self, task: SelfSupervisionTask) -> None:
         """After each train step returns, in the trainer."""
 
-    def on_phase_end(self, task: Any) -> None:
+    def on_phase_end(self, task: SelfSupervisionTask) -> None:
         """At the end of every phase, after meters are synced across ranks."""
 
-    def on_end(self, task: Any) -> None:
+    def on_end(self, task: SelfSupervisionTask) -> None:
         """Once, after the last phase (not on failure)."""
 
-    def on_exception(self, task: Any) -> None:
+    def on_exception(self, task: SelfSupervisionTask) -> None:
         """When training raises; the exception is re-raised afterwards."""
 
     def state_dict(self) -> dict[str, Any]:
