@@ -11,16 +11,24 @@ engine (as many processes as the config asks for) into ``EXTRACT_FEATURES.OUTPUT
 ``CHECKPOINT.DIR``); with ``config.NEAREST_NEIGHBOR.FEATURES.PATH=<folder>`` features
 extracted before are read instead. Every TEST sample is then classified by the
 ``exp(similarity / SIGMA)``-weighted votes of its ``TOPK`` nearest TRAIN samples
-(:mod:`vissl.utils.knn`). Keys: ``NEAREST_NEIGHBOR.{TOPK, SIGMA, L2_NORM_FEATS, USE_CUDA,
-FEATURE_TYPE (trunk | heads | a pooled layer), OPTIMIZE_MEMORY, FEATURES.PATH}``.
+(:mod:`vissl.utils.knn`). Keys: ``NEAREST_NEIGHBOR.{TOPK (an integer or, as in VISSL, a
+list of them), SIGMA, L2_NORM_FEATS, USE_CUDA, FEATURE_TYPE, OPTIMIZE_MEMORY,
+FEATURES.PATH}``. ``FEATURE_TYPE``: ``trunk``, ``heads``, a layer of
+``MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP``, or ``""`` for VISSL's
+choice: every layer the config's ``FEATURE_EVAL_SETTINGS`` extract (the pooled layers, else
+``trunk`` with ``EXTRACT_TRUNK_FEATURES_ONLY``, else ``heads``). A ``TOPK`` larger than the
+number of TRAIN samples uses them all (a warning says so).
 
-The last line of the output is the result::
+One result line is printed per layer and ``k``; the last line of the output is the
+result (of the last layer and ``k``)::
 
     nearest_neighbor: top-1 97.49% (error 2.51%) top-5 99.72% k=20 sigma=0.07 layer=trunk ...
 
-The predictions are saved as VISSL does (``kNN_{layer}_output_{predictions,targets,
-image_indices}.npy``) in ``CHECKPOINT.DIR``. Exit codes: 0 done, 1 a worker failed,
-2 a config or input error (one line on stderr).
+Top-5 is 100% when there are at most 5 classes. The predictions are saved in VISSL's files
+``kNN_{layer}_output_{predictions,targets,image_indices}.npy`` in ``CHECKPOINT.DIR``
+(one row per TEST sample in dataset-index order: the 5 best classes, best first (VISSL
+saved every class), the target, the dataset index; with several ``TOPK`` the last one's).
+Exit codes: 0 done, 1 a worker failed, 2 a config or input error (one line on stderr).
 
 This module also holds the feature helpers of ``tools/train_svm.py`` and
 ``tools/low_shot_test.py``.
@@ -40,6 +48,7 @@ import numpy as np
 
 from vissl.errors import ConfigError, VisslError
 from vissl.utils.hydra_config import hydra_compose_and_validate
+from vissl.utils.logger import shutdown_logging
 
 logger = logging.getLogger("vissl.tools")
 
@@ -97,6 +106,14 @@ def select_feature_type(cfg: Any, feature_type: str, key: str) -> str:
             )
         fe.EVAL_MODE_ON = True
     return feature_type
+
+
+def feature_layers(cfg: Any, feature_type: str, key: str) -> list[str]:
+    """The layers to evaluate: ``[feature_type]`` (see :func:`select_feature_type`), or for
+    ``""`` VISSL's choice, :func:`extracted_layer_names` (the config is left as it is)."""
+    if feature_type == "":
+        return extracted_layer_names(cfg)
+    return [select_feature_type(cfg, feature_type, key)]
 
 
 def check_weights_file(cfg: Any) -> None:
@@ -220,10 +237,18 @@ def run_tool(prog: str, main: Callable[[list[str]], int], argv: Sequence[str]) -
 _NN = "config.NEAREST_NEIGHBOR"
 
 
-def _check_nn_settings(nn: Any) -> tuple[int, float, str]:
+def _is_pos_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def _check_nn_settings(nn: Any) -> tuple[list[int], float, str]:
     topk, sigma = nn.TOPK, nn.SIGMA
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ConfigError(f"{_NN}.TOPK must be a positive integer; got {topk!r}.", f"{_NN}.TOPK")
+    topks = list(topk) if isinstance(topk, list | tuple) else [topk]
+    if not topks or not all(_is_pos_int(k) for k in topks):
+        raise ConfigError(
+            f"{_NN}.TOPK must be a positive integer or a non-empty list of them; got {topk!r}.",
+            f"{_NN}.TOPK",
+        )
     if isinstance(sigma, bool) or not isinstance(sigma, int | float) or not sigma > 0:
         raise ConfigError(f"{_NN}.SIGMA must be a positive number; got {sigma!r}.", f"{_NN}.SIGMA")
     device = "cpu"
@@ -237,7 +262,7 @@ def _check_nn_settings(nn: Any) -> tuple[int, float, str]:
                 f"{_NN}.USE_CUDA",
             )
         device = "cuda"
-    return topk, float(sigma), device
+    return topks, float(sigma), device
 
 
 def _save_knn_outputs(
@@ -249,55 +274,74 @@ def _save_knn_outputs(
     np.save(os.path.join(out_dir, f"kNN_{layer}_output_image_indices.npy"), inds)
 
 
-def main(argv: list[str]) -> int:
-    """Extract (or read) features, run the weighted kNN, print the result last."""
+def _knn_at_layer(
+    folder: str, out_dir: str, layer: str, topks: list[int], sigma: float, device: str, nn: Any
+) -> None:
     from vissl.utils.knn import auto_chunk_sizes, knn_classify
 
+    data = load_split_features(folder, layer, f"{_NN}.FEATURES.PATH")
+    train, test = data["train"], data["test"]
+    n_train = len(train["features"])
+    q_chunk, m_chunk = auto_chunk_sizes(n_train, bool(nn.OPTIMIZE_MEMORY))
+    for topk in topks:
+        if topk > n_train:
+            logger.warning(
+                "%s.TOPK=%d is more than the %d TRAIN samples: every TRAIN sample votes.",
+                _NN,
+                topk,
+                n_train,
+            )
+        logger.info(
+            "kNN on %s features: %d TRAIN x %d TEST, dim %d, k=%d, sigma=%g, l2 norm %s, %s",
+            layer,
+            n_train,
+            len(test["features"]),
+            train["features"].reshape(n_train, -1).shape[1],
+            topk,
+            sigma,
+            bool(nn.L2_NORM_FEATS),
+            device,
+        )
+        result = knn_classify(
+            train["features"],
+            train["targets"],
+            test["features"],
+            test["targets"],
+            k=topk,
+            sigma=sigma,
+            l2_normalize=bool(nn.L2_NORM_FEATS),
+            query_chunk_size=q_chunk,
+            memory_chunk_size=m_chunk,
+            device=device,
+            progress=True,
+        )
+        _save_knn_outputs(out_dir, layer, result, test["targets"], test["inds"])
+        logger.info("predictions saved to %s/kNN_%s_output_*.npy", out_dir, layer)
+        print(
+            f"nearest_neighbor: top-1 {result.top1:.2f}% (error {result.top1_error:.2f}%) "
+            f"top-5 {result.top5:.2f}% k={result.k} sigma={result.sigma:g} layer={layer} "
+            f"train={n_train} test={result.total}",
+            flush=True,
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Extract (or read) features, run the weighted kNN, print the result last."""
     root, cfg = hydra_compose_and_validate(argv)
     nn = cfg.NEAREST_NEIGHBOR
-    topk, sigma, device = _check_nn_settings(nn)
-    layer = select_feature_type(cfg, str(nn.FEATURE_TYPE), f"{_NN}.FEATURE_TYPE")
+    topks, sigma, device = _check_nn_settings(nn)
+    layers = feature_layers(cfg, str(nn.FEATURE_TYPE), f"{_NN}.FEATURE_TYPE")
     features_key = f"{_NN}.FEATURES.PATH"
     folder = extract_or_locate_features(cfg, int(root.node_id), str(nn.FEATURES.PATH), features_key)
     if folder is None:
         print(f"nearest_neighbor: node {root.node_id}: features extracted; node 0 evaluates.")
         return 0
     out_dir = setup_tool_logging(cfg)
-    data = load_split_features(folder, layer, features_key)
-    train, test = data["train"], data["test"]
-    q_chunk, m_chunk = auto_chunk_sizes(len(train["features"]), bool(nn.OPTIMIZE_MEMORY))
-    logger.info(
-        "kNN on %s features: %d TRAIN x %d TEST, dim %d, k=%d, sigma=%g, l2 norm %s, %s",
-        layer,
-        len(train["features"]),
-        len(test["features"]),
-        train["features"].reshape(len(train["features"]), -1).shape[1],
-        topk,
-        sigma,
-        bool(nn.L2_NORM_FEATS),
-        device,
-    )
-    result = knn_classify(
-        train["features"],
-        train["targets"],
-        test["features"],
-        test["targets"],
-        k=topk,
-        sigma=sigma,
-        l2_normalize=bool(nn.L2_NORM_FEATS),
-        query_chunk_size=q_chunk,
-        memory_chunk_size=m_chunk,
-        device=device,
-        progress=True,
-    )
-    _save_knn_outputs(out_dir, layer, result, test["targets"], test["inds"])
-    logger.info("predictions saved to %s/kNN_%s_output_*.npy", out_dir, layer)
-    print(
-        f"nearest_neighbor: top-1 {result.top1:.2f}% (error {result.top1_error:.2f}%) "
-        f"top-5 {result.top5:.2f}% k={result.k} sigma={result.sigma:g} layer={layer} "
-        f"train={len(train['features'])} test={result.total}",
-        flush=True,
-    )
+    try:
+        for layer in layers:
+            _knn_at_layer(folder, out_dir, layer, topks, sigma, device, nn)
+    finally:
+        shutdown_logging()
     return 0
 
 

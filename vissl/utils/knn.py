@@ -3,7 +3,9 @@
 Every TEST feature (query) finds its ``k`` most similar TRAIN features (memory bank) by dot
 product (cosine similarity when the features are L2-normalised); each neighbour votes for
 its class with weight ``exp(similarity / sigma)``; classes are ranked by their summed
-votes (ties: lower class index first).
+votes (ties: lower class index first). ``k`` above the number of TRAIN samples means all
+of them. TRAIN samples exactly tied in similarity at the ``k``-th place are chosen as
+``torch.topk`` chooses (features in general position have no such ties).
 
     result = knn_classify(train_feats, train_labels, test_feats, test_labels, k=20, sigma=0.07)
     print(result.top1, result.top5)
@@ -59,7 +61,10 @@ class KnnResult:
 
 def _as_float_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     t = torch.as_tensor(x)
-    return t.reshape(t.shape[0], -1).float()
+    if t.ndim == 1:  # one value per sample
+        t = t[:, None]
+    # flatten, not reshape(n, -1): the latter fails on an empty (0, D) array
+    return t.flatten(1).float()
 
 
 def _as_labels(y: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -109,6 +114,8 @@ def knn_neighbors(
     ``memory_chunk_size`` is given (each chunk is moved to the queries' device).
     """
     n_mem = memory.shape[0]
+    if n_mem == 0:
+        raise ValueError("knn_neighbors: the memory bank is empty")
     k = min(k, n_mem)
     chunk = n_mem if not memory_chunk_size else int(memory_chunk_size)
     best: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -117,7 +124,7 @@ def knn_neighbors(
         sims = queries @ block.T
         top, idx = sims.topk(min(k, sims.shape[1]), dim=1)
         best = _merge_topk(best, top, idx + start, k)
-    if best is None:
+    if best is None:  # unreachable: the bank is not empty
         raise ValueError("knn_neighbors: the memory bank is empty")
     return best
 
