@@ -58,6 +58,9 @@ POLYMORPHIC = {
     "SLURM.MEM_GB": (int, float),
     "OPTIMIZER.momentum": (int, float),
     "OPTIMIZER.weight_decay": (int, float),
+    # one k or several (VISSL evaluates each k of a list)
+    "NEAREST_NEIGHBOR.TOPK": (int, list),
+    "NEAREST_NEIGHBOR.SIGMA": (int, float),
 }
 
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
