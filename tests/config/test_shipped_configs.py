@@ -33,6 +33,8 @@ REAL_DATA_BENCHMARKS = (
     "benchmark/nearest_neighbor/imagenet1k/",
     "benchmark/nearest_neighbor/cifar10/",
     "benchmark/low_shot_transfer/imagenet1k/",
+    "benchmark/linear_image_classification/imagenet1k/",
+    "benchmark/linear_image_classification/cifar10/",
 )
 BENCHMARK_OVERRIDES = [
     *CPU_OVERRIDES,
