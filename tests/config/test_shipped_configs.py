@@ -35,6 +35,7 @@ REAL_DATA_BENCHMARKS = (
     "benchmark/low_shot_transfer/imagenet1k/",
     "benchmark/linear_image_classification/imagenet1k/",
     "benchmark/linear_image_classification/cifar10/",
+    "benchmark/svm/voc07/",
 )
 BENCHMARK_OVERRIDES = [
     *CPU_OVERRIDES,

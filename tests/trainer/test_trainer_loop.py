@@ -34,7 +34,7 @@ def _weights(task: SelfSupervisionTask) -> torch.Tensor:
 
 
 class PhaseWatcher(VisslHook):
-    """Weights, optimizer steps, model mode and meter counts around each phase."""
+    """Weights, model mode, meter counts and log steps, per phase."""
 
     def __init__(self) -> None:
         self.start_weights: list[torch.Tensor] = []
@@ -42,10 +42,16 @@ class PhaseWatcher(VisslHook):
         self.model_training: list[bool] = []
         self.meter_samples: list[int] = []
         self.num_updates: list[int] = []
+        self.log_steps: list[tuple[int, int]] = []  # (phase, iteration or batch) logged
 
     def on_phase_start(self, task: SelfSupervisionTask) -> None:
         self.start_weights.append(_weights(task))
         self.model_training.append(task.model.training)
+
+    def on_step(self, task: SelfSupervisionTask) -> None:
+        if task.is_log_iteration:
+            count = task.iteration if task.train else task.local_iteration_num
+            self.log_steps.append((task.phase_idx, count))
 
     def on_phase_end(self, task: SelfSupervisionTask) -> None:
         self.end_weights.append(_weights(task))
@@ -85,6 +91,9 @@ def test_iteration_counts_optimizer_steps_and_local_counts_batches(
     assert by_phase[3] == [(2 * TRAIN, i) for i in range(1, TEST + 1)]
     assert task.iteration == task.max_iteration == 2 * TRAIN
     assert task.where == 1.0
+    # LOG_FREQUENCY 2: the first step and every 2nd, in steps (train) or batches (test)
+    logged = two_epochs["watcher"].log_steps
+    assert logged == [(0, 1), (0, 2), (0, 4), (1, 1), (1, 2), (2, 6), (2, 8), (3, 1), (3, 2)]
     assert task.num_updates == 2 * TRAIN * 8  # samples of the optimizer steps (batch 8)
 
 

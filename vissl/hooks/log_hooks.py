@@ -90,14 +90,16 @@ class LogLossLrEtaHook(VisslHook):
 
     def on_step(self, task: SelfSupervisionTask) -> None:
         now = time.perf_counter()
-        self._step_times.append(now - self._last_time)
+        if task.train:  # batch time and its rolling average are of train steps
+            self._step_times.append(now - self._last_time)
         self._last_time = now
         if self._bar is not None:
             self._bar.update(1)
         if not task.is_log_iteration or not is_primary():
             return
         loss = _to_float(task.last_batch.loss) if task.last_batch is not None else float("nan")
-        btime_ms = 1000.0 * sum(self._step_times) / len(self._step_times)
+        times = self._step_times
+        btime_ms = 1000.0 * sum(times) / len(times) if times else float("nan")
         record: dict[str, Any] = {
             "iteration": task.iteration,
             "phase_idx": task.phase_idx,
@@ -138,7 +140,11 @@ class LogLossLrEtaHook(VisslHook):
                 f.write(json.dumps(record) + "\n")
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.4g}", refresh=False)
-        if self.rolling_btime_freq > 0 and task.iteration % self.rolling_btime_freq == 0:
+        if (
+            self.rolling_btime_freq > 0
+            and task.train
+            and task.iteration % self.rolling_btime_freq == 0
+        ):
             logger.info(
                 "rolling average batch time over %d iterations: %.1f ms",
                 len(self._step_times),
@@ -168,7 +174,7 @@ class LogLossLrEtaHook(VisslHook):
 class LogPerfTimeMetricsHook(VisslHook):
     """Turns on per-section perf timers and reports them (HOOKS.PERF_STATS).
 
-    Reports every ``PERF_STAT_FREQUENCY`` iterations (if > 0) and at each phase end.
+    Reports every ``PERF_STAT_FREQUENCY`` train iterations (if > 0) and at each phase end.
     """
 
     priority = Priority.HIGH
@@ -185,7 +191,12 @@ class LogPerfTimeMetricsHook(VisslHook):
         if stats is None:
             return
         stats.poll()
-        if self.perf_stat_frequency > 0 and task.iteration % self.perf_stat_frequency == 0:
+        # Test phases do not advance the iteration: they report at their phase end only.
+        if (
+            self.perf_stat_frequency > 0
+            and task.train
+            and task.iteration % self.perf_stat_frequency == 0
+        ):
             self._report(task, stats)
 
     def _report(self, task: SelfSupervisionTask, stats: PerfStats) -> None:

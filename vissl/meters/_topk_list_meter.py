@@ -289,8 +289,9 @@ class TopKListMeter:
     def value(self) -> dict[str, dict[Any, float | list[float]]]:
         """VISSL's format: ``{"top_k": {name_or_index: percent, ...}, ...}``.
 
-        Percentages are ``100 * round(fraction, 6)``. Outputs sharing a meter name give a
-        list of values under that name. Includes counts not yet synced.
+        Percentages are ``100 * round(fraction, 6)`` (VISSL's rounding), without binary
+        noise (``88.5794``, not ``88.57939999999999``). Outputs sharing a meter name give
+        a list of values under that name. Includes counts not yet synced.
         """
         hits = (self._total_hits + self._curr_hits).tolist()
         denom = (self._total_denom + self._curr_denom).tolist()
@@ -300,7 +301,7 @@ class TopKListMeter:
             for i in range(self._num_meters):
                 key = self._meter_names[i] if self._meter_names else i
                 frac = self._ratio(hits[i][j], denom[i], k) if denom[i] else 0.0
-                per_name.setdefault(key, []).append(100.0 * round(float(frac), 6))
+                per_name.setdefault(key, []).append(round(100.0 * round(float(frac), 6), 4))
             result[f"top_{k}"] = {
                 key: vals[0] if len(vals) == 1 else vals for key, vals in per_name.items()
             }

@@ -227,8 +227,12 @@ class SelfSupervisionTask:
 
     @property
     def is_log_iteration(self) -> bool:
-        """Whether the step just completed is one to log (every LOG_FREQUENCY, and the 1st)."""
-        n = self.iteration if self.train else self.local_iteration_num + 1
+        """Whether the step just completed is one to log (every LOG_FREQUENCY, and the 1st).
+
+        Counted in optimizer steps in train phases, in batches of the phase in test phases
+        (the trainer has already counted the step when ``on_step`` runs).
+        """
+        n = self.iteration if self.train else self.local_iteration_num
         return n == 1 or n % max(1, int(self.config.LOG_FREQUENCY)) == 0
 
     @property

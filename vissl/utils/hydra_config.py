@@ -99,6 +99,44 @@ def _infer(config: dict[str, Any]) -> None:
         )
 
 
+_LIST_METERS = ("accuracy_list_meter", "precision_at_k_list_meter", "recall_at_k_list_meter")
+
+
+def _infer_list_meters(config: dict[str, Any]) -> None:
+    """VISSL's rule for linear evaluation of several layers: one list-meter output per
+    entry of LINEAR_EVAL_FEAT_POOL_OPS_MAP, named after the layer (``res4``...), so that
+    metrics.json reads ``{"top_1": {"res4": ...}}`` even when the config gives only
+    ``num_meters`` (as VISSL's benchmark configs do)."""
+    model = config.get("MODEL") or {}
+    fe = model.get("FEATURE_EVAL_SETTINGS") or {}
+    pool_map = fe.get("LINEAR_EVAL_FEAT_POOL_OPS_MAP") or []
+    frozen = fe.get("FREEZE_TRUNK_ONLY") or fe.get("FREEZE_TRUNK_AND_HEAD")
+    if not (fe.get("EVAL_MODE_ON") and frozen and pool_map):
+        return
+    meters = config.get("METERS") or {}
+    names = meters.get("names") or []
+    if isinstance(names, str):
+        names = [names]
+    if meters.get("name"):
+        names = [*names, meters["name"]]
+    layers = [str(item[0]) if isinstance(item, list | tuple) and item else "" for item in pool_map]
+    for name in names:
+        params = meters.get(name)
+        if name not in _LIST_METERS or not isinstance(params, dict):
+            continue
+        if params.get("num_meters") != len(layers):
+            logger.info(
+                "config.METERS.%s.num_meters set to %d, one per layer of "
+                "LINEAR_EVAL_FEAT_POOL_OPS_MAP (was %s)",
+                name,
+                len(layers),
+                params.get("num_meters"),
+            )
+            params["num_meters"] = len(layers)
+        if not params.get("meter_names") and all(layers):
+            params["meter_names"] = layers
+
+
 def convert_to_attrdict(
     cfg: DictConfig | dict[str, Any], cmdline_args: Sequence[str] | None = None
 ) -> tuple[AttrDict, AttrDict]:
@@ -119,6 +157,7 @@ def convert_to_attrdict(
     import_plugins(config.get("IMPORTS") or [])
     validate_config(config)
     _infer(config)
+    _infer_list_meters(config)
     root = AttrDict(container)
     return root, root.config
 
