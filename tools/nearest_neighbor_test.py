@@ -37,6 +37,7 @@ This module also holds the feature helpers of ``tools/train_svm.py`` and
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import re
@@ -217,6 +218,16 @@ def setup_tool_logging(cfg: Any) -> str:
     out_dir = os.path.abspath(str(cfg.CHECKPOINT.DIR))
     setup_logging(out_dir, 0, verbose=bool(cfg.VERBOSE))
     return out_dir
+
+
+def write_results_json(path: str, data: Any) -> None:
+    """Write a tool's results as JSON, atomically (temporary file, then rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 def run_tool(prog: str, main: Callable[[list[str]], int], argv: Sequence[str]) -> int:

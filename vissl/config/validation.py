@@ -61,6 +61,8 @@ POLYMORPHIC = {
     # one k or several (VISSL evaluates each k of a list)
     "NEAREST_NEIGHBOR.TOPK": (int, list),
     "NEAREST_NEIGHBOR.SIGMA": (int, float),
+    # one strength or several (VISSL accepts both)
+    "LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA": (int, float, list),
 }
 
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
@@ -137,6 +139,12 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     # apex's O2/O3 (half-precision weights) have no torch AMP equivalent; O1 is autocast.
     "MODEL.AMP_PARAMS.AMP_ARGS.opt_level": "O1",
     "CHECKPOINT.BACKEND": "disk",
+    # VISSL's low-shot SVM (tools/train_svm_low_shot.py: VOC/Places205 samples of k
+    # positives per class) is not implemented; tools/low_shot_test.py draws k samples per
+    # class from LOW_SHOT_BENCHMARK.{SAMPLES_PER_CLASS, LOGISTIC_REGRESSION.SEEDS} instead.
+    "SVM.low_shot.dataset_name": "voc",
+    "SVM.low_shot.sample_inds": [1, 2, 3, 4, 5],
+    "SVM.low_shot.k_values": [1, 2, 4, 8, 16, 32, 64, 96],
 }
 
 # Keys whose null means "the default" (VISSL's configs often carry null there).
