@@ -1,8 +1,17 @@
-"""VISSL's own CPU test configs run unchanged (synthetic data, CPU, gloo)."""
+"""CPU test configs in VISSL's key names run end to end (synthetic data, CPU, gloo).
+
+``configs/config/test/cpu_test/cpu_*.yaml`` are our own configs exercising the features of
+VISSL's CPU test configs: ResNet and RegNet trunks with SimCLR, and a supervised run with
+several meters. VISSL's original files are not shipped; set ``VISSL_CONFIGS_DIR`` to
+VISSL's ``configs/config`` folder (from a VISSL checkout) to run them unchanged too.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import warnings
 
 import pytest
 
@@ -10,30 +19,59 @@ from tests.integration._runs import read_jsonl, run_config
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["test_cpu_resnet_simclr", "test_cpu_regnet_simclr"])
-def test_vissl_simclr_cpu_configs(tmp_path, monkeypatch, name):
-    monkeypatch.chdir(tmp_path)  # the configs write to CHECKPOINT.DIR "."
-    with pytest.warns(UserWarning):  # legacy TRUNK_PARAMS / MONITOR_PERF_STATS keys
-        task = run_config(f"test/cpu_test/{name}")
+@pytest.mark.parametrize("name", ["cpu_resnet_simclr", "cpu_regnet_simclr"])
+def test_simclr_cpu_configs(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)  # CHECKPOINT.DIR is relative to the current folder
+    task = run_config(f"test/cpu_test/{name}")
     assert task.iteration == 2  # DATA_LIMIT 4, batch 2
-    assert (tmp_path / "model_final_checkpoint_phase0.torch").exists()
-    assert (tmp_path / "checkpoint.torch").exists()
-    # LARC SGD with the composite schedule scaled by auto LR scaling: 0.3 * 2 / 256
+    ckpt_dir = tmp_path / "checkpoints" / name
+    assert (ckpt_dir / "model_final_checkpoint_phase0.torch").exists()
+    assert (ckpt_dir / "checkpoint.torch").exists()
     assert math.isfinite(task.phase_average_loss())
 
 
 @pytest.mark.integration
-def test_vissl_supervised_train_and_test_with_topk(tmp_path, monkeypatch):
+def test_supervised_train_and_test_with_multiple_meters(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    task = run_config("test/cpu_test/test_multiple_meters")
+    task = run_config("test/cpu_test/cpu_multiple_meters")
     assert [p["train"] for p in task.phases] == [True, False, True, False]
-    metrics = read_jsonl(str(tmp_path / "metrics.json"))
+    metrics = read_jsonl(str(tmp_path / "checkpoints" / "cpu_multiple_meters" / "metrics.json"))
     assert [("train_loss" in m, "test_loss" in m) for m in metrics] == [
         (True, False),
         (False, True),
         (True, False),
         (False, True),
     ]
-    test_acc = metrics[-1]["test_accuracy_list_meter"]
-    assert set(test_acc) == {"top_1", "top_5"}
-    assert 0.0 <= float(next(iter(test_acc["top_5"].values()))) <= 100.0
+    for meter in ("accuracy_list_meter", "precision_at_k_list_meter", "recall_at_k_list_meter"):
+        values = metrics[-1][f"test_{meter}"]
+        assert set(values) == {"top_1", "top_5"}
+        for topk in values.values():
+            assert all(0.0 <= float(v) <= 100.0 for v in topk.values())
+
+
+VISSL_CPU_TESTS = ["test_cpu_resnet_simclr", "test_cpu_regnet_simclr", "test_multiple_meters"]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not os.environ.get("VISSL_CONFIGS_DIR"),
+    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
+)
+@pytest.mark.parametrize("name", VISSL_CPU_TESTS)
+def test_vissl_original_cpu_configs(tmp_path, monkeypatch, name):
+    src = os.path.join(os.environ["VISSL_CONFIGS_DIR"], "test", "cpu_test", f"{name}.yaml")
+    assert os.path.isfile(src), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
+    # Hydra also looks for configs under ./configs/config of the current folder.
+    dst = tmp_path / "configs" / "config" / "vissl_original"
+    dst.mkdir(parents=True)
+    shutil.copyfile(src, dst / f"{name}.yaml")
+    monkeypatch.chdir(tmp_path)  # VISSL's configs write to CHECKPOINT.DIR "."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # legacy TRUNK_PARAMS / MONITOR_PERF_STATS keys
+        task = run_config(f"vissl_original/{name}")
+    assert task.iteration >= 2
+    assert (tmp_path / "checkpoint.torch").exists()
+    if name == "test_multiple_meters":
+        assert [p["train"] for p in task.phases] == [True, False, True, False]
+    else:
+        assert math.isfinite(task.phase_average_loss())

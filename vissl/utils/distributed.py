@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -92,14 +91,6 @@ def gather_from_all(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(_GatherWithGrad.apply(tensor), dim=0)
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
-    if get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def all_gather_object(obj: object) -> list[object]:
     """``obj`` from every rank, in rank order (a one-element list with one process)."""
     if get_world_size() == 1:
@@ -107,11 +98,6 @@ def all_gather_object(obj: object) -> list[object]:
     out: list[object] = [None] * get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def get_local_rank() -> int:
-    """This process's index on its node (``LOCAL_RANK``, set by the launcher or torchrun)."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 class _AllReduceSumWithGrad(torch.autograd.Function):
