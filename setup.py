@@ -20,7 +20,7 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(exclude=("tests", "tests.*", "benchmarks", "benchmarks.*")),
-    package_data={"vissl": ["config/*.yaml", "py.typed"], "configs": ["**/*.yaml"]},
+    package_data={"vissl": ["config/*.yaml", "py.typed"], "configs": ["**/*.yaml", "**/*.json"]},
     include_package_data=True,
     install_requires=[
         "torch>=2.4",

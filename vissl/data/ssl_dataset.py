@@ -20,6 +20,7 @@ from vissl.data.data_helper import (
     unbalanced_sub_sampling,
 )
 from vissl.data.data_sources import get_data_source
+from vissl.data.dataset_catalog import default_catalog_path, get_data_files
 from vissl.data.samplers import PADDING_DATA_VALID, SampleKey, sample_seed
 from vissl.data.ssl_transforms import build_transforms
 from vissl.errors import ConfigError
@@ -99,6 +100,12 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
     gives each source's own labels (-1 for a source without labels),
     ``sample_index`` the index ``idx`` and ``zero`` 0.
 
+    Paths: ``DATA_PATHS`` has one entry per source. When it is empty, each source that
+    needs a path takes it from the dataset catalog entry of its ``DATASET_NAMES`` name
+    (see :mod:`vissl.data.dataset_catalog`), for TRAIN the entry's ``train`` split, for
+    TEST ``val`` (or ``test``); an empty ``LABEL_PATHS`` likewise takes the catalog's label
+    file for a ``disk_filelist`` label source.
+
     ``DATA_LIMIT`` > 0 keeps a deterministic random subset (``DATA_LIMIT_SAMPLING``:
     ``SEED``, ``IS_BALANCED`` over the first source's labels, ``SKIP_NUM_SAMPLES``).
 
@@ -136,19 +143,14 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         self.label_type: str = split_cfg_value(sc, "LABEL_TYPE", "standard")
         self.data_limit = int(split_cfg_value(sc, "DATA_LIMIT", -1))
         self.data_limit_sampling = split_cfg_value(sc, "DATA_LIMIT_SAMPLING", {}) or {}
+        #: Whether DATA_PATHS (and LABEL_PATHS) were read from the dataset catalog.
+        self.paths_from_catalog = False
         self._verify()
         self._warn_unsupported()
         self.transform = build_transforms(split_cfg_value(sc, "TRANSFORMS", []), split)
 
         self.data_objs = [
-            get_data_source(source)(
-                cfg=cfg,
-                path=self.data_paths[i] if self.data_paths else "",
-                split=split,
-                dataset_name=self.dataset_names[i],
-                data_source=source,
-            )
-            for i, source in enumerate(self.data_sources)
+            self._build_source(i, source) for i, source in enumerate(self.data_sources)
         ]
         sizes = [len(obj) for obj in self.data_objs]
         if len(set(sizes)) > 1:
@@ -202,18 +204,7 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
                 f"DATA_SOURCES has {n} ({self.data_sources}); give one path per source.",
                 self._path("DATA_PATHS"),
             )
-        if not self.data_paths:
-            needy = [
-                s
-                for s, cls in zip(self.data_sources, classes)
-                if getattr(cls, "requires_path", True)
-            ]
-            if needy:
-                raise ConfigError(
-                    f"{self._path('DATA_PATHS')} is empty but the data sources {needy} need "
-                    "a path each (the dataset catalog of DATASET_NAMES is not supported).",
-                    self._path("DATA_PATHS"),
-                )
+        names_given = bool(self.dataset_names)
         if not self.dataset_names:
             self.dataset_names = list(self.data_sources)
         elif len(self.dataset_names) != n:
@@ -222,6 +213,18 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
                 f"DATA_SOURCES has {n}; give one name per source or none.",
                 self._path("DATASET_NAMES"),
             )
+        needs_path = [bool(getattr(cls, "requires_path", True)) for cls in classes]
+        if not self.data_paths and any(needs_path):
+            needy = [s for s, needed in zip(self.data_sources, needs_path) if needed]
+            if not names_given:
+                raise ConfigError(
+                    f"{self._path('DATA_PATHS')} is empty but the data sources {needy} need "
+                    f"a path each: give DATA_PATHS (one per source), or name datasets of the "
+                    f"dataset catalog ({default_catalog_path() or 'no catalog file'}) in "
+                    f"{self._path('DATASET_NAMES')}.",
+                    self._path("DATA_PATHS"),
+                )
+            self._paths_from_catalog(needs_path)
         if self.label_type not in LABEL_TYPES:
             raise ConfigError(
                 f"{self._path('LABEL_TYPE')}={self.label_type!r} is unknown; use one of "
@@ -240,6 +243,43 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
                 "a positive number.",
                 self._path("DATA_LIMIT"),
             )
+
+    def _paths_from_catalog(self, needs_path: list[bool]) -> None:
+        """DATA_PATHS (and disk_filelist LABEL_PATHS, when empty) from the dataset catalog."""
+        label_sources = () if self.label_paths else tuple(self.label_sources)
+        data_paths, label_paths = get_data_files(
+            self.split, self.dataset_names, needs_path, label_sources
+        )
+        self.data_paths = data_paths
+        if not self.label_paths and "disk_filelist" in self.label_sources:
+            self.label_paths = label_paths
+        self.paths_from_catalog = True
+        logger.info(
+            "%s: paths of %s from the dataset catalog: %s%s",
+            self._key,
+            self.dataset_names,
+            self.data_paths,
+            f", labels {self.label_paths}" if self.label_paths else "",
+        )
+
+    def _build_source(self, i: int, source: str) -> Any:
+        try:
+            return get_data_source(source)(
+                cfg=self.cfg,
+                path=self.data_paths[i] if self.data_paths else "",
+                split=self.split,
+                dataset_name=self.dataset_names[i],
+                data_source=source,
+            )
+        except ConfigError as err:
+            if not self.paths_from_catalog or not self.data_paths[i]:
+                raise
+            raise ConfigError(
+                f"{err} (The path {self.data_paths[i]!r} comes from the dataset catalog "
+                f"entry {self._path('DATASET_NAMES')}[{i}]={self.dataset_names[i]!r}: fix "
+                "that entry, or give DATA_PATHS.)",
+                err.key_path,
+            ) from err
 
     def _warn_unsupported(self) -> None:
         for key in ("ENABLE_QUEUE_DATASET", "COPY_TO_LOCAL_DISK"):

@@ -26,7 +26,8 @@ class DataSource(Dataset[tuple[Image.Image, bool]]):
         cfg: the full config (``cfg.DATA.<split>...``).
         path: the entry of ``DATA_PATHS`` for this source ("" when not needed).
         split: ``"TRAIN"`` or ``"TEST"``.
-        dataset_name: the entry of ``DATASET_NAMES`` (informational).
+        dataset_name: the entry of ``DATASET_NAMES`` (the catalog key; ``torchvision_dataset``
+            reads it to pick the data set).
         data_source: the registered name this source was selected by.
     """
 
