@@ -97,9 +97,10 @@ def check_low_shot_settings(ls: Any) -> tuple[str, list[int], list[int], list[fl
             f"{_LS}.SAMPLES_PER_CLASS",
         )
     seeds = list(ls.LOGISTIC_REGRESSION.SEEDS)
-    if not seeds or not all(_is_int(s) for s in seeds):
+    if not seeds or not all(_is_int(s) and 0 <= s < 2**32 for s in seeds):
         raise ConfigError(
-            f"{_LS}.LOGISTIC_REGRESSION.SEEDS must be a non-empty list of integers; got {seeds!r}.",
+            f"{_LS}.LOGISTIC_REGRESSION.SEEDS must be a non-empty list of integers in "
+            f"[0, 2**32) (numpy seeds); got {seeds!r}.",
             f"{_LS}.LOGISTIC_REGRESSION.SEEDS",
         )
     lam = ls.LOGISTIC_REGRESSION.LAMBDA
@@ -159,19 +160,27 @@ def _low_shot_at_layer(
         ks,
         seeds,
     )
-    results = run_low_shot(
-        train["features"],
-        train["targets"],
-        test["features"],
-        test["targets"],
-        samples_per_class=ks,
-        seeds=seeds,
-        method=method,
-        lambdas=lambdas,
-        svm_settings=settings,
-        progress=True,
-        desc=f"low-shot {layer}",
-    )
+    try:
+        results = run_low_shot(
+            train["features"],
+            train["targets"],
+            test["features"],
+            test["targets"],
+            samples_per_class=ks,
+            seeds=seeds,
+            method=method,
+            lambdas=lambdas,
+            svm_settings=settings,
+            progress=True,
+            desc=f"low-shot {layer}",
+        )
+    except ConfigError:
+        raise
+    except ValueError as err:  # data that do not fit (e.g. a single TRAIN class)
+        key = "config.SVM.cls_list" if method == "svm" else f"{_LS}.FEATURES.PATH"
+        raise ConfigError(
+            f"low-shot {method} on the {layer} features in {folder}: {err}", key
+        ) from err
     for r in results:
         logger.info(
             "low-shot %s k=%d: top-1 %.2f ± %.2f%% over seeds %s (%s)",

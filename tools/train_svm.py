@@ -80,14 +80,14 @@ def _svm_at_layer(
 ) -> tuple[dict[str, Any], str]:
     data = ft.load_split_features(folder, layer, f"{_SVM}.FEATURES.PATH")
     train, test = data["train"], data["test"]
-    classes = svm_classes(train["targets"], settings.cls_list)
-    if len(classes) < 2 and not settings.cls_list:
-        raise ConfigError(
-            f"the TRAIN features in {folder} have {len(classes)} class: the SVM benchmark "
-            "needs labelled data (config.DATA.TRAIN.LABEL_SOURCES / LABEL_TYPE: standard).",
-            "config.DATA.TRAIN.LABEL_TYPE",
-        )
     try:
+        classes = svm_classes(train["targets"], settings.cls_list)
+        if len(classes) < 2 and not settings.cls_list:
+            raise ConfigError(
+                f"the TRAIN features in {folder} have {len(classes)} class: the SVM benchmark "
+                "needs labelled data (config.DATA.TRAIN.LABEL_SOURCES / LABEL_TYPE: standard).",
+                "config.DATA.TRAIN.LABEL_TYPE",
+            )
         model = train_svms(
             train["features"],
             train["targets"],

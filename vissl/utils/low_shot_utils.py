@@ -63,6 +63,13 @@ class LowShotResult:
         return float(np.std(self.accuracies))
 
 
+def _check_k_and_seed(k: Any, seed: Any) -> None:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise ValueError(f"samples per class must be an integer >= 1; got {k!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
+        raise ValueError(f"a low-shot seed must be an integer in [0, 2**32); got {seed!r}")
+
+
 def sample_low_shot_indices(labels: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Sorted indices of ``k`` samples of every class, drawn without replacement.
 
@@ -71,11 +78,10 @@ def sample_low_shot_indices(labels: np.ndarray, k: int, seed: int) -> np.ndarray
     one seed, the draw of a smaller ``k`` is part of the draw of a larger one.
 
     Raises:
-        ValueError: ``k`` < 1, labels that are not ``(N,)``, or a class with fewer than
-            ``k`` samples.
+        ValueError: ``k`` < 1, a seed out of ``[0, 2**32)``, labels that are not ``(N,)``,
+            or a class with fewer than ``k`` samples.
     """
-    if isinstance(k, bool) or int(k) != k or k < 1:
-        raise ValueError(f"samples per class must be an integer >= 1; got {k!r}")
+    _check_k_and_seed(k, seed)
     y = np.asarray(labels)
     if y.ndim != 1:
         raise ValueError(f"low-shot sampling needs (N,) class labels; got shape {y.shape}")
@@ -158,8 +164,10 @@ def run_low_shot(
         progress: show a progress bar over the draws.
 
     Raises:
-        ValueError: an unknown method, no seed / ``LAMBDA`` / ``k``, labels that are not
-            ``(N,)``, or a class with fewer TRAIN samples than a ``k``.
+        ValueError: an unknown method, no seed / ``LAMBDA`` / ``k``, a bad seed or ``k``,
+            labels that are not ``(N,)`` or not as many as the features, fewer than 2
+            TRAIN classes, a ``cls_list`` class without TRAIN or TEST samples, or a class
+            with fewer TRAIN samples than a ``k`` (all checked before the first draw).
     """
     from sklearn.exceptions import ConvergenceWarning
 
@@ -176,6 +184,17 @@ def run_low_shot(
             "the low-shot benchmark needs single-label (N,) targets; got shapes "
             f"{y_train.shape} (TRAIN) and {y_test.shape} (TEST)"
         )
+    for name, x, y in (("TRAIN", x_train, y_train), ("TEST", x_test, y_test)):
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} {name} features but {len(y)} labels")
+    for k in samples_per_class:
+        for s in seeds:
+            _check_k_and_seed(k, s)
+    train_classes = np.unique(y_train)
+    if len(train_classes) < 2:
+        raise ValueError(
+            f"the TRAIN labels have {len(train_classes)} class; a classifier needs at least 2"
+        )
     smallest = max_samples_per_class(y_train)
     if max(samples_per_class) > smallest:
         raise ValueError(
@@ -183,6 +202,13 @@ def run_low_shot(
             f"class has {smallest}"
         )
     settings = svm_settings or SvmSettings()
+    if method == "svm":
+        missing = [c for c in settings.cls_list if c not in train_classes]
+        if missing:
+            raise ValueError(f"SVM.cls_list: no TRAIN sample of class {missing}")
+        svm_cls = list(settings.cls_list) or train_classes.tolist()
+        if not np.isin(y_test, svm_cls).any():
+            raise ValueError(f"no TEST sample of the SVMs' classes {svm_cls}")
     ks = list(dict.fromkeys(int(k) for k in samples_per_class))
     jobs = [(k, int(s)) for k in ks for s in seeds]
     iterator: Any = jobs

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -70,9 +71,11 @@ class SvmSettings:
     force_retrain: bool = False
 
     def __post_init__(self) -> None:
-        if not self.costs or not all(_is_number(c) and c > 0 for c in self.costs):
+        if not self.costs or not all(
+            _is_number(c) and c > 0 and math.isfinite(c) for c in self.costs
+        ):
             raise ConfigError(
-                f"{_KEY}.costs: the costs to try must be positive numbers, at least one "
+                f"{_KEY}.costs: the costs to try must be finite positive numbers, at least one "
                 f"(costs_list, plus base ** p when base > 0); got {list(self.costs)}.",
                 f"{_KEY}.costs.costs_list",
             )
@@ -195,7 +198,14 @@ def svm_costs(costs_list: Sequence[float], base: float, power_range: Sequence[in
                 f"got {list(power_range)}.",
                 f"{_KEY}.costs.power_range",
             )
-        costs += [float(base) ** p for p in range(power_range[0], power_range[1])]
+        try:
+            costs += [float(base) ** p for p in range(power_range[0], power_range[1])]
+        except OverflowError:
+            raise ConfigError(
+                f"{_KEY}.costs.power_range={list(power_range)}: base ** p overflows for "
+                f"base={base}; use a smaller power_range.",
+                f"{_KEY}.costs.power_range",
+            ) from None
     out: list[float] = []
     for c in costs:
         if c not in out:
@@ -211,8 +221,14 @@ def normalize_features(features: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------------------ metrics
 def _precision_recall(scores: np.ndarray, positives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(-np.asarray(scores, dtype=np.float64).reshape(-1), kind="stable")
-    hits = np.asarray(positives).reshape(-1).astype(bool)[order]
+    # VISSL's get_precision_recall: a target > 0 is a positive (1 / True; 0, -1, False not),
+    # samples ranked by decreasing score
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    p = np.asarray(positives).reshape(-1)
+    if len(s) != len(p):
+        raise ValueError(f"{len(s)} scores but {len(p)} targets")
+    order = np.argsort(-s, kind="stable")
+    hits = (p > 0)[order]
     tp = np.cumsum(hits)
     fp = np.cumsum(~hits)
     return tp / (tp + fp), tp / max(int(hits.sum()), 1)
@@ -220,8 +236,9 @@ def _precision_recall(scores: np.ndarray, positives: np.ndarray) -> tuple[np.nda
 
 def interpolated_ap(scores: np.ndarray, positives: np.ndarray) -> float:
     """Area under the interpolated precision-recall curve, in [0, 1] (VISSL's
-    ``calculate_ap``; the PASCAL VOC 2010+ measure). 0 when there is no positive."""
-    if not np.asarray(positives).astype(bool).any():
+    ``calculate_ap``; the PASCAL VOC 2010+ measure). ``positives``: targets, > 0 for a
+    positive (1 / True; 0, -1, False are negatives). 0 when there is no positive."""
+    if not (np.asarray(positives) > 0).any():
         return 0.0
     precision, recall = _precision_recall(scores, positives)
     mrec = np.concatenate([[0.0], recall, [1.0]])
@@ -235,13 +252,17 @@ def voc07_11point_ap(scores: np.ndarray, positives: np.ndarray) -> float:
     """PASCAL VOC 2007 11-point interpolated average precision, in [0, 1].
 
     The mean over recall thresholds 0, 0.1, ..., 1 of the highest precision reached at a
-    recall at least that high (0 where none is). 0 when there is no positive.
+    recall at least that high (0 where none is). ``positives`` as :func:`interpolated_ap`.
+    0 when there is no positive.
     """
-    if not np.asarray(positives).astype(bool).any():
+    if not (np.asarray(positives) > 0).any():
         return 0.0
     precision, recall = _precision_recall(scores, positives)
     total = 0.0
-    for t in np.linspace(0.0, 1.0, 11):
+    # thresholds i / 10 exactly: np.arange(0, 1.1, 0.1) or np.linspace(0, 1, 11) give
+    # 0.30000000000000004, 0.6000000000000001 and 0.7000000000000001, which a recall of
+    # exactly 3/10, 6/10 or 7/10 would not reach
+    for t in np.arange(11) / 10.0:
         reached = precision[recall >= t]
         total += float(reached.max()) if reached.size else 0.0
     return total / 11.0
@@ -386,8 +407,8 @@ def train_svms(
         verbose: log each class's cross-validated APs and cost (else at debug level).
 
     Raises:
-        ValueError: mismatched lengths, a class without a positive TRAIN sample, or
-            ``shared_cost`` with ``cache_dir``.
+        ValueError: mismatched lengths, a class without a positive or without a negative
+            TRAIN sample, or ``shared_cost`` with ``cache_dir``.
     """
     from sklearn.exceptions import ConvergenceWarning
 
@@ -408,6 +429,8 @@ def train_svms(
         targets_of[cls] = binary_targets(y, cls)[0]
         if not (targets_of[cls] == 1).any():
             raise ValueError(f"class {cls} has no positive TRAIN sample")
+        if (targets_of[cls] == 1).all():
+            raise ValueError(f"class {cls} has no negative TRAIN sample")
     fingerprint = _fingerprint(raw, y, settings) if cache_dir else ""
     if cache_dir:
         os.makedirs(cache_dir, exist_ok=True)
