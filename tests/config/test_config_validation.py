@@ -22,7 +22,7 @@ def test_quick_start_composes_with_attribute_access():
     root, cfg = compose("config.LOG_FREQUENCY=3")
     assert root.engine_name == "train"
     assert cfg.LOG_FREQUENCY == 3
-    assert cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA == 64
+    assert cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA == 128
     assert cfg.MODEL.HEAD.PARAMS[0][0] == "mlp"
     assert pickle.loads(pickle.dumps(cfg)) == cfg
 

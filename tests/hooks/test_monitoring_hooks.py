@@ -65,6 +65,8 @@ def test_model_complexity_from_config_on_a_tiny_resnet(
         "config.HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY=true",
         "config.HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE=[3,32,32]",
         "config.MODEL.TRUNK.RESNETS.DEPTH=18",
+        "config.MODEL.TRUNK.RESNETS.SMALL_IMAGE_STEM=false",
+        "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=1.0",
         "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[512,10]}]]",
     )
     (hook,) = [h for h in default_hook_generator(cfg) if isinstance(h, ModelComplexityHook)]
