@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
+from vissl.models.model_helpers import get_no_ddp_model
 from vissl.utils.distributed import get_rank, is_primary
 
 logger = logging.getLogger(__name__)
@@ -44,14 +44,8 @@ def _plain_model(task: Any) -> nn.Module:
     model: Any = getattr(task, "base_model", None)
     if not isinstance(model, nn.Module) or isinstance(model, nn.Identity):
         model = task.model
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod  # torch.compile's OptimizedModule
-        else:
-            assert isinstance(model, nn.Module), type(model)
-            return model
+    assert isinstance(model, nn.Module), type(model)
+    return get_no_ddp_model(model)
 
 
 def _is_tensor(obj: Any) -> bool:

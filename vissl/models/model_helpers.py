@@ -259,10 +259,14 @@ def model_output_has_nan(model_output: Any) -> bool:
 
 
 def get_no_ddp_model(model: nn.Module) -> nn.Module:
-    """The model inside a ``DistributedDataParallel`` wrapper (or the model itself)."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return model.module
-    return model
+    """The model inside its ``DistributedDataParallel`` and ``torch.compile`` wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod  # type: ignore[assignment]  # torch.compile's wrapper
+        else:
+            return model
 
 
 # --------------------------------------------------------------------------- SyncBN
