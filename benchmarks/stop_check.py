@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vissl.trainer.stopping import NO_STOP, StopController  # noqa: E402
-from vissl.utils.test_utils import spawn_gloo  # noqa: E402
+from vissl.trainer.stopping import NO_STOP, StopController
+from vissl.utils.test_utils import spawn_gloo
 
 
 class _Task:
@@ -38,7 +38,7 @@ class _Task:
 
 
 def _step(a: torch.Tensor) -> None:
-    a @ a  # noqa: B018 - the stand-in for a step's compute
+    a @ a
 
 
 def _run(variant: str, steps: int) -> float:
