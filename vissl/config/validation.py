@@ -103,12 +103,8 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "METERS.model_output_mask",
     "LOSS.bce_logits_multiple_output_single_target",
     "LOSS.nce_loss_with_memory",
-    "LOSS.multicrop_simclr_info_nce_loss",
-    "LOSS.swav_loss",
-    "LOSS.swav_momentum_loss",
     "LOSS.dino_loss",
     "LOSS.deepclusterv2_loss",
-    "LOSS.moco_loss",
     "LOSS.barlow_twins_loss",
     "LOSS.ibot_loss",
     "LOSS.msn_loss",
@@ -134,7 +130,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
             "BASE_DATASET": "generic_ssl",
         }.items()
     },
-    "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP": [],
     "MODEL.MULTI_INPUT_HEAD_MAPPING": [],
     # apex's O2/O3 (half-precision weights) have no torch AMP equivalent; O1 is autocast.
     "MODEL.AMP_PARAMS.AMP_ARGS.opt_level": "O1",

@@ -125,7 +125,12 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     """
     from vissl.hooks.checkpoint_hooks import CheckpointHook, LogMetricsHook
     from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
-    from vissl.hooks.state_update_hooks import CheckNanLossHook, GradClipHook
+    from vissl.hooks.state_update_hooks import (
+        CheckNanLossHook,
+        FreezeParametersHook,
+        GradClipHook,
+        parse_frozen_params_map,
+    )
     from vissl.hooks.tensorboard_hook import SSLTensorboardHook
 
     folder = cfg.CHECKPOINT.DIR
@@ -134,6 +139,9 @@ def default_hook_generator(cfg: Any) -> list[Any]:
         hooks.append(CheckNanLossHook(window=int(cfg.LOG_FREQUENCY), dump_folder=folder))
     if cfg.HOOKS.PERF_STATS.MONITOR_PERF_STATS:
         hooks.append(LogPerfTimeMetricsHook(int(cfg.HOOKS.PERF_STATS.PERF_STAT_FREQUENCY)))
+    frozen = parse_frozen_params_map(list(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP or []))
+    if frozen:
+        hooks.append(FreezeParametersHook(frozen))
     if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP:
         hooks.append(GradClipHook(cfg.MODEL.GRAD_CLIP.NORM_TYPE, cfg.MODEL.GRAD_CLIP.MAX_NORM))
     hooks.append(

@@ -1,13 +1,16 @@
-"""Hooks that guard or modify training state: NaN/Inf loss check, gradient clipping."""
+"""Hooks that guard or modify training state: NaN/Inf loss check, gradient clipping,
+parameters frozen for the first iterations (``MODEL.TEMP_FROZEN_PARAMS_ITER_MAP``)."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.checkpoint import detach_to_cpu
 
@@ -128,3 +131,73 @@ class GradClipHook(VisslHook):
         task.precision.unscale_(task.optimizer)
         params = [p for p in task.base_model.parameters() if p.grad is not None]
         torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)
+
+
+_FROZEN_KEY = "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP"
+
+
+def parse_frozen_params_map(entries: Sequence[Any]) -> dict[str, int]:
+    """``[[param_name, num_iters], ...]`` as ``{name: num_iters}``.
+
+    VISSL's names carry DDP's ``module.`` prefix (``module.heads.0.prototypes0.weight``);
+    it is accepted and removed.
+
+    Raises:
+        ConfigError: an entry that is not ``[name, non-negative int]``.
+    """
+    result: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if (
+            not isinstance(entry, Sequence)
+            or isinstance(entry, str)
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+            or entry[1] < 0
+        ):
+            raise ConfigError(
+                f"{_FROZEN_KEY}[{i}]={entry!r}: each entry must be [parameter name, number of "
+                "iterations >= 0], e.g. ['heads.0.prototypes0.weight', 313].",
+                f"{_FROZEN_KEY}[{i}]",
+            )
+        name = entry[0].removeprefix("module.")
+        result[name] = int(entry[1])
+    return result
+
+
+class FreezeParametersHook(VisslHook):
+    """Keep the listed parameters unchanged for their first iterations (SwAV's prototypes).
+
+    After backward, while ``task.iteration`` (optimizer steps done) is below a parameter's
+    count, its gradient is set to ``None``, so the optimizer leaves it alone (no weight
+    decay either), as in VISSL.
+
+    Args:
+        frozen: ``{parameter name in the base model: number of iterations}``.
+    """
+
+    priority = Priority.HIGH
+
+    def __init__(self, frozen: dict[str, int]) -> None:
+        self.frozen = dict(frozen)
+        self._params: list[tuple[torch.nn.Parameter, int]] = []
+
+    def on_start(self, task: SelfSupervisionTask) -> None:
+        named = dict(task.base_model.named_parameters())
+        unknown = sorted(n for n in self.frozen if n not in named)
+        if unknown:
+            from vissl.utils.registry import closest_match
+
+            hints = [f"{n!r} (closest: {closest_match(n, list(named))!r})" for n in unknown]
+            raise ConfigError(
+                f"{_FROZEN_KEY} names parameters the model does not have: {', '.join(hints)}. "
+                "Use names of model.named_parameters(), e.g. 'heads.0.prototypes0.weight'.",
+                _FROZEN_KEY,
+            )
+        self._params = [(named[n], iters) for n, iters in self.frozen.items()]
+
+    def on_backward(self, task: SelfSupervisionTask) -> None:
+        for param, iters in self._params:
+            if task.iteration < iters:
+                param.grad = None

@@ -78,12 +78,18 @@ def _build_torch_loss(cls: type[nn.Module], name: str, params: AttrDict) -> nn.M
         ) from err
 
 
-def build_loss(loss_config: Mapping[str, Any]) -> nn.Module:
+def build_loss(
+    loss_config: Mapping[str, Any], config: Mapping[str, Any] | None = None
+) -> nn.Module:
     """Build the loss selected by ``LOSS.name``.
 
     Args:
         loss_config: the ``config.LOSS`` section: ``name`` plus one block of parameters
             per loss, ``LOSS.<name>``.
+        config: the whole ``config`` section. When given and the loss class defines a
+            classmethod ``infer_config(params, config)``, it is called first to fill in
+            (in place) what VISSL infers from the rest of the config: crops from the
+            transforms, prototypes from the head, queue lengths from the batch size.
 
     Returns:
         The loss module. Registered classes with a ``from_config(cls, cfg)`` classmethod
@@ -113,6 +119,9 @@ def build_loss(loss_config: Mapping[str, Any]) -> nn.Module:
     params = _loss_params(loss_config, name)
     if name not in LOSS_REGISTRY:
         return _build_torch_loss(cls, name, params)
+    infer_config = getattr(cls, "infer_config", None)
+    if config is not None and callable(infer_config):
+        infer_config(params, config)
     from_config = getattr(cls, "from_config", None)
     if callable(from_config):
         loss = from_config(params)

@@ -55,11 +55,20 @@ def _hook_key(hook: Any) -> str:
 
 
 def _rank_state(task: SelfSupervisionTask) -> dict[str, Any]:
-    """This rank's own state: RNGs and meter partial sums (gathered to every rank)."""
+    """This rank's own state: RNGs, meter partial sums and the loss's per-rank state.
+
+    A loss whose state differs between ranks (e.g. SwAV's per-rank queues) defines
+    ``rank_state_dict()`` and ``load_rank_state_dict(state)``; what it returns is saved
+    for every rank and given back to the same rank on resume.
+    """
     meters = [
         detach_to_cpu(m.state_dict() if hasattr(m, "state_dict") else {}) for m in task.meters
     ]
-    return {"rng": get_rng_state(), "meters": meters}
+    state: dict[str, Any] = {"rng": get_rng_state(), "meters": meters}
+    rank_state_dict = getattr(task.loss, "rank_state_dict", None)
+    if callable(rank_state_dict):
+        state["loss"] = detach_to_cpu(rank_state_dict())
+    return state
 
 
 def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> dict[str, Any]:
@@ -143,6 +152,17 @@ def restore_checkpoint_state(task: SelfSupervisionTask, state: dict[str, Any]) -
             len(per_rank),
             get_world_size(),
         )
+    load_rank_state = getattr(task.loss, "load_rank_state_dict", None)
+    if callable(load_rank_state) and "loss" in mine:
+        if len(per_rank) == get_world_size():
+            load_rank_state(mine["loss"])
+        else:
+            logger.warning(
+                "the loss's per-rank state (e.g. queues) is not restored: the checkpoint "
+                "has %d ranks' states, this run %d ranks; it starts afresh.",
+                len(per_rank),
+                get_world_size(),
+            )
     if classy.get("phase_complete", True):
         if "rng" in mine:
             set_rng_state(mine["rng"])

@@ -172,7 +172,12 @@ class SelfSupervisionTask:
         self.base_model = model.to(self.device)
         if self.channels_last:
             self.base_model = self.base_model.to(memory_format=torch.channels_last)
-        self.loss = build_loss(cfg.LOSS).to(self.device)
+        self.loss = build_loss(cfg.LOSS, cfg).to(self.device)
+        bind_model = getattr(self.loss, "bind_model", None)
+        if callable(bind_model):
+            # A loss that keeps a copy of the model (momentum encoder, teacher) makes it
+            # here, before its state is broadcast and before a checkpoint is restored.
+            bind_model(self.base_model)
         # Prototypes, queues, centers and teachers start equal on every rank, although
         # each rank seeds with SEED_VALUE + rank (DDP does the same for the model).
         loss_state = [*self.loss.parameters(), *self.loss.buffers()]
