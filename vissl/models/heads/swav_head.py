@@ -1,0 +1,134 @@
+"""``swav_head``: SwAV's projection MLP followed by one or more sets of prototypes.
+
+The projection is a stack of Linear (-> BatchNorm1d) -> ReLU layers ``dims[0] -> dims[1]
+-> ... -> dims[-1]`` (no BN/ReLU after the last Linear with ``skip_last_bn``). The
+embedding is L2-normalised (``normalize_feats``) and scored against each set of
+prototypes, ``prototypes0``, ``prototypes1``, ...: bias-free ``nn.Linear(dims[-1], K_i)``
+layers, so that ``heads.0.prototypes0.weight`` names the first set (VISSL configs freeze
+it for the first iterations with ``MODEL.TEMP_FROZEN_PARAMS_ITER_MAP``).
+
+Output, as in VISSL: ``[embedding, scores_0, scores_1, ...]`` (without the embedding when
+``return_embeddings`` is False).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vissl.errors import ConfigError
+from vissl.models.heads import register_model_head
+from vissl.models.heads.mlp import check_dims
+from vissl.models.model_helpers import cfg_get
+
+_KEY = "config.MODEL.HEAD.PARAMS"
+
+
+def _check_clusters(num_clusters: Any) -> list[int]:
+    if isinstance(num_clusters, int) and not isinstance(num_clusters, bool):
+        num_clusters = [num_clusters]
+    if (
+        not isinstance(num_clusters, Sequence)
+        or isinstance(num_clusters, str)
+        or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in num_clusters)
+    ):
+        raise ConfigError(
+            f"{_KEY}: swav_head's `num_clusters` must be a list of positive integers, one "
+            f"per set of prototypes, e.g. [3000]; got {num_clusters!r}.",
+            _KEY,
+        )
+    return list(num_clusters)
+
+
+@register_model_head("swav_head")
+class SwAVHead(nn.Module):
+    """SwAV head: projection MLP, L2 normalisation, prototype scores.
+
+    Args:
+        model_config: config.MODEL (HEAD.BATCHNORM_EPS and HEAD.BATCHNORM_MOMENTUM are read).
+        dims: projection sizes, input first, e.g. ``[2048, 2048, 128]``; ``[D]`` alone
+            means no projection (the embedding is the input).
+        use_bn: BatchNorm1d after each hidden Linear.
+        num_clusters: number of prototypes of each set, e.g. ``[3000]`` (``[]``: none).
+        use_bias: the projection's Linear layers have a bias (prototypes never do).
+        return_embeddings: put the (normalised) embedding first in the output.
+        skip_last_bn: no BN/ReLU after the last projection layer.
+        normalize_feats: L2-normalise the embedding before the prototypes.
+    """
+
+    def __init__(
+        self,
+        model_config: Mapping[str, Any],
+        dims: list[int],
+        use_bn: bool = True,
+        num_clusters: Sequence[int] | int = (3000,),
+        use_bias: bool = True,
+        return_embeddings: bool = True,
+        skip_last_bn: bool = True,
+        normalize_feats: bool = True,
+    ) -> None:
+        super().__init__()
+        dims = check_dims(dims, "swav_head", min_len=1)
+        clusters = _check_clusters(num_clusters)
+        if not clusters and not return_embeddings:
+            raise ConfigError(
+                f"{_KEY}: swav_head with num_clusters=[] and return_embeddings=False would "
+                "output nothing; give prototypes or return the embeddings.",
+                _KEY,
+            )
+        eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
+        momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
+        layers: list[nn.Module] = []
+        n = len(dims) - 1
+        for i in range(n):
+            layers.append(nn.Linear(dims[i], dims[i + 1], bias=use_bias))
+            if i == n - 1 and skip_last_bn:
+                break
+            if use_bn:
+                layers.append(nn.BatchNorm1d(dims[i + 1], eps=eps, momentum=momentum))
+            layers.append(nn.ReLU(inplace=True))
+        self.projection_head = nn.Sequential(*layers) if layers else nn.Identity()
+        self.normalize_feats = bool(normalize_feats)
+        self.return_embeddings = bool(return_embeddings)
+        self.embedding_dim = dims[-1]
+        self.num_clusters = clusters
+        self.nmb_heads = len(clusters)
+        for i, k in enumerate(clusters):
+            self.add_module(f"prototypes{i}", nn.Linear(dims[-1], k, bias=False))
+
+    def prototype_layers(self) -> list[nn.Linear]:
+        """The prototype layers, ``prototypes0``, ``prototypes1``, ... in order."""
+        return [getattr(self, f"prototypes{i}") for i in range(self.nmb_heads)]
+
+    @torch.no_grad()
+    def normalize_prototypes(self) -> None:
+        """L2-normalise every prototype (each row of each prototype weight), in place."""
+        for layer in self.prototype_layers():
+            layer.weight.copy_(F.normalize(layer.weight, dim=1, p=2))
+
+    def forward(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if isinstance(batch, torch.Tensor):
+            x = batch
+        elif len(batch) == 1:
+            x = batch[0]
+        else:
+            raise ValueError(
+                f"swav_head expects a tensor or a list of one tensor; got a list of {len(batch)}."
+            )
+        if x.ndim > 2:
+            x = torch.flatten(x, start_dim=1)
+        emb = self.projection_head(x)
+        if self.normalize_feats:
+            emb = F.normalize(emb, dim=1, p=2)
+        out = [emb] if self.return_embeddings else []
+        out.extend(layer(emb) for layer in self.prototype_layers())
+        return out
+
+
+def find_swav_heads(module: nn.Module) -> list[SwAVHead]:
+    """Every :class:`SwAVHead` inside ``module`` (wrappers included), in module order."""
+    return [m for m in module.modules() if isinstance(m, SwAVHead)]
