@@ -202,3 +202,138 @@ def test_dataset_applies_transforms(cfg_factory):
     sample = build_dataset(cfg, "TRAIN")[4]
     assert [tuple(x.shape) for x in sample["data"]] == [(3, 8, 8)] * 2
     assert sample["label"] == [4, 4] and sample["data_idx"] == [4, 4]
+
+
+# --------------------------------------------------------------- ImgPilToRawTensor
+
+
+def test_raw_tensor_keeps_pixel_values_channels_first():
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    out = build_transforms([{"name": "ImgPilToRawTensor"}])(
+        {"data": [Image.fromarray(pixels)], "label": [0]}
+    )["data"][0]
+    assert out.dtype == torch.float32 and tuple(out.shape) == (3, 6, 8)
+    for c in range(3):
+        for y in range(6):
+            for x in range(8):
+                assert out[c, y, x].item() == float(pixels[y, x, c])
+    assert out.max().item() > 1.0  # not scaled to [0, 1]
+    # the same layout as ToTensor, without the division by 255
+    assert torch.allclose(out / 255.0, T.ToTensor()(Image.fromarray(pixels)))
+
+
+def test_raw_tensor_of_a_gray_image_has_one_channel():
+    gray = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4) * 20, mode="L")
+    out = get_transform("ImgPilToRawTensor")()(gray)
+    assert tuple(out.shape) == (1, 3, 4)
+    assert out[0, 2, 3].item() == 11 * 20
+
+
+# --------------------------------------------------------- ImgPilRandomPhotometric
+
+
+def _photo_sample():
+    return {"data": [_img(7, size=16)], "label": [0]}
+
+
+def test_random_photometric_is_reproducible_with_the_same_seed():
+    compose = build_transforms([{"name": "ImgPilRandomPhotometric", "p": 0.8}])
+    torch.manual_seed(5)
+    first = [np.asarray(compose(_photo_sample())["data"][0]) for _ in range(12)]
+    torch.manual_seed(5)
+    second = [np.asarray(compose(_photo_sample())["data"][0]) for _ in range(12)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    assert all(a.shape == (16, 16, 3) and a.dtype == np.uint8 for a in first)
+    original = np.asarray(_img(7, size=16))
+    assert any(not np.array_equal(a, original) for a in first)
+
+
+def test_random_photometric_probabilities_and_ops(monkeypatch):
+    import vissl.data.ssl_transforms.img_pil_random_photometric as module
+
+    calls: list[tuple[str, float]] = []
+    real = module.apply_photometric_op
+
+    def record(image, op, magnitude):
+        calls.append((op, magnitude))
+        return real(image, op, magnitude)
+
+    monkeypatch.setattr(module, "apply_photometric_op", record)
+    never = get_transform("ImgPilRandomPhotometric")(p=0.0)
+    img = _img(7, size=16)
+    torch.manual_seed(0)
+    assert all(never(img) is img for _ in range(50)) and not calls
+    always = get_transform("ImgPilRandomPhotometric")(p=1.0)
+    torch.manual_seed(0)
+    for _ in range(200):
+        always(img)
+    assert len(calls) == 200
+    assert {op for op, _ in calls} == set(module.PHOTOMETRIC_OPS)  # every op is drawn
+    assert all(0.0 <= m < 1.0 for _, m in calls)
+    default = get_transform("ImgPilRandomPhotometric")()
+    assert default.p == 0.8
+
+
+def test_photometric_ops_against_pil():
+    from PIL import ImageEnhance, ImageOps
+
+    from vissl.data.ssl_transforms.img_pil_random_photometric import apply_photometric_op
+
+    img = _img(11, size=16)
+
+    def same(a, b):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+
+    # magnitude 0.25 -> enhance factor 0.1 + 1.8 * 0.25 = 0.55
+    assert same(
+        apply_photometric_op(img, "brightness", 0.25), ImageEnhance.Brightness(img).enhance(0.55)
+    )
+    assert same(apply_photometric_op(img, "contrast", 0.5), img)  # factor 1: identity
+    assert same(apply_photometric_op(img, "posterize", 0.0), ImageOps.posterize(img, 4))
+    assert same(apply_photometric_op(img, "posterize", 0.99), img)  # 8 bits
+    assert same(apply_photometric_op(img, "solarize", 0.5), ImageOps.solarize(img, 128))
+    assert same(apply_photometric_op(img, "solarize", 0.9999), img)  # threshold 256
+    assert same(apply_photometric_op(img, "equalize", 0.3), ImageOps.equalize(img))
+    assert same(apply_photometric_op(img, "autocontrast", 0.3), ImageOps.autocontrast(img))
+    # hue: magnitude 0.75 -> shift 0.05 turn, added to PIL's 8-bit HSV hue channel
+    h, s, v = img.convert("HSV").split()
+    shifted = (np.asarray(h) + np.uint8(0.05 * 255)).astype(np.uint8)
+    hue_ref = Image.merge("HSV", (Image.fromarray(shifted, "L"), s, v)).convert("RGB")
+    assert same(apply_photometric_op(img, "hue", 0.75), hue_ref)
+    gray = img.convert("L")
+    for op in ("brightness", "contrast", "saturation", "hue", "sharpness", "posterize"):
+        out = apply_photometric_op(gray, op, 0.7)
+        assert out.mode == "L" and out.size == gray.size
+
+
+@pytest.mark.parametrize("p", [1.5, -0.1, "0.5", True])
+def test_random_photometric_bad_p_names_the_entry(p):
+    with pytest.raises(ConfigError) as info:
+        build_transforms([{"name": "ImgPilRandomPhotometric", "p": p}], "TRAIN")
+    assert info.value.key_path == "config.DATA.TRAIN.TRANSFORMS[0]"
+    assert "p must be a number in [0, 1]" in str(info.value)
+
+
+def test_new_transforms_are_reproducible_per_sample_in_the_dataset(cfg_factory):
+    from vissl.data.samplers import SampleKey
+
+    cfg = cfg_factory(
+        train={
+            "DATA_SOURCES": ["synthetic"],
+            "DEFAULT_GRAY_IMG_SIZE": 12,
+            "LABEL_TYPE": "sample_index",
+            "TRANSFORMS": [
+                {"name": "ImgReplicatePil", "num_times": 2},
+                {"name": "ImgPilRandomPhotometric", "p": 1.0},
+                {"name": "ImgPilToRawTensor"},
+            ],
+        }
+    )
+    dataset = build_dataset(cfg, "TRAIN")
+    a = dataset[SampleKey(3, 0)]["data"]
+    b = dataset[SampleKey(3, 0)]["data"]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert tuple(a[0].shape) == (3, 12, 12) and a[0].dtype == torch.float32
+    draws = [dataset[SampleKey(3, epoch)]["data"][0] for epoch in range(1, 6)]
+    assert any(not torch.equal(a[0], d) for d in draws)  # other epochs draw other ops

@@ -14,7 +14,9 @@ the output is stored depends on the transform's kind:
 - ``"entire_sample"``: the transform receives and returns the whole sample dict.
 
 A transform declares its kind with a class attribute ``ssl_transform_kind``; VISSL's
-transform names are also recognised.
+transform names are also recognised. A transform class with a classmethod
+``from_transform_config(kwargs, key_path)`` is built by it (instead of ``cls(**kwargs)``),
+so that its errors can name the exact key, e.g. ``config.DATA.TRAIN.TRANSFORMS[3].prob``.
 """
 
 from __future__ import annotations
@@ -145,8 +147,15 @@ class SSLTransformsWrapper:
             transform_cls = get_transform(name)
         except UnknownNameError as err:
             raise UnknownNameError(f"{key_path}.name: {err}") from None
+        builder = getattr(transform_cls, "from_transform_config", None)
         try:
-            transform = transform_cls(**kwargs)
+            if callable(builder):
+                # A transform that checks its own keys and names them in its errors.
+                transform = builder(kwargs, key_path=key_path)
+            else:
+                transform = transform_cls(**kwargs)
+        except ConfigError:
+            raise
         except (TypeError, ValueError) as err:
             raise ConfigError(
                 f"{key_path} ({name}): cannot build the transform with arguments "

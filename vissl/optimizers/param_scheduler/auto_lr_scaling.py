@@ -8,7 +8,8 @@ With ``auto_lr_scaling.auto_scale`` true::
 
 and the schedule's values are rewritten (VISSL's ``get_scaled_lr_scheduler``):
 
-* ``cosine``: ``end_value = scaled_lr * end_value / start_value``; ``start_value = scaled_lr``
+* ``cosine`` (and ``cosine_warm_restart``: any name containing "cosine", as VISSL):
+  ``end_value = scaled_lr * end_value / start_value``; ``start_value = scaled_lr``
 * ``multistep`` / ``step``: ``gamma = round(values[1] / values[0], 6)``;
   ``values[i] = round(scaled_lr * gamma ** i, 8)``
 * ``step_with_fixed_gamma``: ``base_value = scaled_lr``
@@ -41,6 +42,7 @@ SCALING_TYPES = ("linear", "sqrt")
 SCALABLE_SCHEDULERS = (
     "constant",
     "cosine",
+    "cosine_warm_restart",
     "linear",
     "multistep",
     "step",
