@@ -72,13 +72,34 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def final_weights(folder: Path) -> dict[str, object]:
+    """The final model weights, and the loss's state (queues, momentum encoders) and every
+    rank's own loss state, keyed ``trunk.*``, ``heads.*``, ``loss.*``, ``rank<r>.loss.*``."""
     paths = sorted(folder.glob("model_final_checkpoint_phase*.torch"))
     if not paths:
         raise RuntimeError(f"no final checkpoint in {folder}")
-    model = load_checkpoint(str(paths[-1]))["classy_state_dict"]["base_model"]["model"]
-    return {f"trunk.{k}": v for k, v in model["trunk"].items()} | {
+    classy = load_checkpoint(str(paths[-1]))["classy_state_dict"]
+    model = classy["base_model"]["model"]
+    state = {f"trunk.{k}": v for k, v in model["trunk"].items()} | {
         f"heads.{k}": v for k, v in model["heads"].items()
     }
+    state |= _flatten(classy.get("loss", {}), "loss")
+    for rank, mine in enumerate(classy.get("per_rank") or []):
+        state |= _flatten(mine.get("loss") or {}, f"rank{rank}.loss")
+    return state
+
+
+def _flatten(obj: object, prefix: str) -> dict[str, object]:
+    """Nested dicts/lists as ``{"prefix.key.0": leaf}``."""
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, list | tuple):
+        items = list(enumerate(obj))
+    else:
+        return {prefix: obj}
+    out: dict[str, object] = {}
+    for key, value in items:
+        out |= _flatten(value, f"{prefix}.{key}")
+    return out
 
 
 def wait_for_write(folder: Path, proc: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -120,7 +141,15 @@ def run_trial(
         return False, f"run exited with code {proc.returncode} (see {folder}.out)"
     reference = final_weights(folder.parent / "reference")
     result = final_weights(folder)
-    different = [k for k in reference if not torch.equal(reference[k], result[k])]  # type: ignore[arg-type]
+    different = sorted(reference.keys() ^ result.keys()) + [
+        k
+        for k in reference.keys() & result.keys()
+        if not (
+            torch.equal(reference[k], result[k])  # type: ignore[arg-type]
+            if isinstance(reference[k], torch.Tensor)
+            else reference[k] == result[k]
+        )
+    ]
     detail = f"kills at {kills or ['none (finished first)']}"
     if different:
         return False, f"{detail}; {len(different)} tensors differ, e.g. {different[:2]}"

@@ -99,3 +99,19 @@ def test_pil_images_get_a_to_tensor_hint():
     for name in ("default_collate", "simclr_collator", "multicrop_collator"):
         with pytest.raises(ConfigError, match="ToTensor"):
             get_collator(name)(batch)
+
+
+def test_moco_collator_puts_queries_in_data_and_keys_in_data_momentum():
+    out = get_collator("moco_collator")(_batch(3, 2))
+    assert set(out) == {"data", "data_momentum", "label", "data_valid", "data_idx"}
+    queries, keys = out["data"][0], out["data_momentum"][0]
+    assert queries.shape == keys.shape == (3, 3, 4, 4)
+    assert queries[:, 0, 0, 0].tolist() == [0.0, 10.0, 20.0]  # view 0 of samples 0..2
+    assert keys[:, 0, 0, 0].tolist() == [1.0, 11.0, 21.0]  # view 1
+    assert out["label"][0].tolist() == [100, 101, 102]
+    assert out["data_idx"][0].tolist() == [0, 1, 2]
+
+
+def test_moco_collator_needs_two_views():
+    with pytest.raises(ConfigError, match="2 views"):
+        get_collator("moco_collator")(_batch(2, 3))

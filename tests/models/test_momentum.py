@@ -1,0 +1,66 @@
+"""Momentum copies: frozen deep copies whose parameters follow the model by EMA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from vissl.models.momentum import ema_update_, momentum_copy
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+
+
+def test_copy_is_equal_frozen_and_separate() -> None:
+    model = _model()
+    copy = momentum_copy(model)
+    for (name, p), (_, q) in zip(model.named_parameters(), copy.named_parameters(), strict=True):
+        assert torch.equal(p, q) and not q.requires_grad, name
+        assert p.data_ptr() != q.data_ptr()
+
+
+def test_ema_follows_the_formula_and_leaves_buffers() -> None:
+    model = _model()
+    target = momentum_copy(model)
+    before = {k: v.clone() for k, v in target.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+        model[1].running_mean.fill_(5.0)
+    ema_update_(target, model, 0.9)
+    for name, source in model.named_parameters():
+        expected = 0.9 * before[name] + 0.1 * source
+        torch.testing.assert_close(dict(target.named_parameters())[name], expected)
+    assert torch.equal(target[1].running_mean, torch.zeros(4))  # buffers are not averaged
+
+
+def test_ema_sees_through_wrappers_and_rejects_other_models() -> None:
+    model = _model()
+    target = momentum_copy(model)
+
+    class Wrapper(nn.Module):
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    ema_update_(target, Wrapper(model), 0.5)  # DDP-like .module is unwrapped
+    with pytest.raises(ValueError, match="differ in their parameters"):
+        ema_update_(target, nn.Linear(3, 4), 0.5)
+
+
+def test_momentum_one_keeps_and_zero_copies() -> None:
+    model = _model()
+    target = momentum_copy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0).add_(1.0)
+    kept = {k: v.clone() for k, v in target.named_parameters()}
+    ema_update_(target, model, 1.0)
+    assert all(torch.equal(v, kept[k]) for k, v in target.named_parameters())
+    ema_update_(target, model, 0.0)
+    assert all(
+        torch.equal(v, dict(model.named_parameters())[k]) for k, v in target.named_parameters()
+    )

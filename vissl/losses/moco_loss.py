@@ -1,0 +1,221 @@
+"""``moco_loss``: MoCo v2's InfoNCE against a queue of momentum-encoded keys.
+
+For each query ``q`` (the model's normalised head output on view 0) the positive is the
+key ``k`` of the same image (the momentum encoder's normalised output on view 1,
+``sample["data_momentum"]``) and the negatives are the ``queue_size`` keys of earlier
+batches::
+
+    loss = mean_i CE([q_i . k_i, q_i . queue_0, ..., q_i . queue_{K-1}] / T, label 0)
+
+After the loss, the keys of the whole global batch (gathered from every rank, in rank
+order) replace the oldest entries of the queue, so every rank holds the same queue.
+
+The momentum encoder is a copy of the model made once (``bind_model``), never trained:
+after each optimizer step its parameters follow the model's,
+``theta_k = m * theta_k + (1 - m) * theta_q`` (:class:`~vissl.hooks.moco_hooks.MoCoHook`).
+The hook also computes the keys with "shuffle BN": the key batch is permuted across ranks
+(a permutation drawn on rank 0 and broadcast) before the momentum encoder, and put back in
+order after, so BatchNorm statistics cannot reveal which key matches a query.
+
+The encoder and the queue are in the loss's ``state_dict``, hence in checkpoints, and
+resume exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vissl.errors import ConfigError
+from vissl.losses import register_loss
+from vissl.models.momentum import momentum_copy
+from vissl.utils.distributed import gather_from_all, get_world_size
+
+logger = logging.getLogger(__name__)
+
+_KEY = "config.LOSS.moco_loss"
+
+
+def _positive_int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"{_KEY}.{key} must be a positive integer, got {value!r}.", f"{_KEY}.{key}"
+        )
+    return value
+
+
+def _number(value: Any, key: str, low: float, high: float, open_low: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if ok:
+        ok = (low < value if open_low else low <= value) and value <= high
+    if not ok:
+        interval = f"{'(' if open_low else '['}{low}, {high}]"
+        raise ConfigError(
+            f"{_KEY}.{key} must be a number in {interval}, got {value!r}.", f"{_KEY}.{key}"
+        )
+    return float(value)
+
+
+def _head_output_dim(config: Mapping[str, Any]) -> int | None:
+    """The last ``dims`` entry of the last head in MODEL.HEAD.PARAMS, if there is one."""
+    params = config.get("MODEL", {}).get("HEAD", {}).get("PARAMS") or []
+    dims = None
+    stack = list(params)
+    while stack:  # the last module spec with dims, in any of the PARAMS forms
+        item = stack.pop()
+        if isinstance(item, Sequence) and not isinstance(item, str):
+            if len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+                if item[1].get("dims"):
+                    dims = list(item[1]["dims"])
+                    break
+            else:
+                stack.extend(item)
+    return int(dims[-1]) if dims else None
+
+
+@register_loss("moco_loss")
+class MoCoLoss(nn.Module):
+    """MoCo v2 loss with its queue and momentum encoder.
+
+    Args:
+        embedding_dim: width of the head output (the keys).
+        queue_size: number of keys kept as negatives.
+        momentum: EMA factor of the momentum encoder, in [0, 1].
+        temperature: the logits' temperature ``T`` (> 0).
+        shuffle_batch: shuffle the key batch across ranks (shuffle BN).
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int = 128,
+        queue_size: int = 65536,
+        momentum: float = 0.999,
+        temperature: float = 0.2,
+        shuffle_batch: bool = True,
+    ) -> None:
+        super().__init__()
+        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
+        self.queue_size = _positive_int(queue_size, "queue_size")
+        self.momentum = _number(momentum, "momentum", 0.0, 1.0)
+        self.temperature = _number(temperature, "temperature", 0.0, float("inf"), open_low=True)
+        self.shuffle_batch = bool(shuffle_batch)
+        queue = F.normalize(torch.randn(self.queue_size, self.embedding_dim), dim=1)
+        self.register_buffer("queue", queue)
+        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
+        self.queue: torch.Tensor
+        self.queue_ptr: torch.Tensor
+        self.momentum_encoder: nn.Module | None = None
+        # Set by MoCoHook after each forward: this rank's keys, and whether to enqueue them.
+        self.key: torch.Tensor | None = None
+        self.enqueue = True
+
+    @classmethod
+    def infer_config(cls, params: Any, config: Mapping[str, Any]) -> None:
+        """Embedding width from the head; check the queue against the global batch.
+
+        Raises:
+            ConfigError: ``queue_size`` is not a multiple of the global batch.
+        """
+        head_dim = _head_output_dim(config)
+        if head_dim is not None and params.get("embedding_dim") != head_dim:
+            logger.info(
+                "%s.embedding_dim set to %d, the head's output width (was %s)",
+                _KEY,
+                head_dim,
+                params.get("embedding_dim"),
+            )
+            params["embedding_dim"] = head_dim
+        batch = int(config["DATA"]["TRAIN"]["BATCHSIZE_PER_REPLICA"]) * get_world_size()
+        queue_size = params.get("queue_size", 65536)
+        if isinstance(queue_size, int) and not isinstance(queue_size, bool) and queue_size > 0:
+            if queue_size % batch != 0:
+                lower = max(batch, queue_size // batch * batch)
+                raise ConfigError(
+                    f"{_KEY}.queue_size={queue_size} is not a multiple of the global batch "
+                    f"{batch} (config.DATA.TRAIN.BATCHSIZE_PER_REPLICA x {get_world_size()} "
+                    f"processes): each step enqueues one global batch of keys. Use e.g. "
+                    f"{lower} or {lower + batch}.",
+                    f"{_KEY}.queue_size",
+                )
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any]) -> MoCoLoss:
+        return cls(
+            embedding_dim=params.get("embedding_dim", 128),
+            queue_size=params.get("queue_size", 65536),
+            momentum=params.get("momentum", 0.999),
+            temperature=params.get("temperature", 0.2),
+            shuffle_batch=params.get("shuffle_batch", True),
+        )
+
+    def bind_model(self, model: nn.Module) -> None:
+        """Make the momentum encoder: a frozen copy of ``model``."""
+        self.momentum_encoder = momentum_copy(model)
+
+    def required_hooks(self) -> list[Any]:
+        from vissl.hooks.moco_hooks import MoCoHook
+
+        return [MoCoHook(self)]
+
+    @torch.no_grad()
+    def dequeue_and_enqueue(self, keys: torch.Tensor) -> None:
+        """Replace the oldest queue entries by ``keys`` of every rank (rank order)."""
+        keys = gather_from_all(keys.detach())
+        n = keys.shape[0]
+        index = (self.queue_ptr + torch.arange(n, device=keys.device)) % self.queue_size
+        self.queue.index_copy_(0, index, keys.to(self.queue.dtype))
+        self.queue_ptr.copy_((self.queue_ptr + n) % self.queue_size)
+
+    def forward(
+        self, output: torch.Tensor | Sequence[torch.Tensor], target: Any = None
+    ) -> torch.Tensor:
+        """InfoNCE of this rank's queries; ``target`` is ignored.
+
+        Args:
+            output: ``(B, D)`` head output on the query views (or a list holding it).
+            target: unused.
+        """
+        if not isinstance(output, torch.Tensor):
+            outputs = list(output)
+            if len(outputs) != 1:
+                raise ValueError(f"moco_loss expects one output tensor, got {len(outputs)}.")
+            output = outputs[0]
+        if output.ndim != 2 or output.shape[1] != self.embedding_dim:
+            raise ConfigError(
+                f"{_KEY}.embedding_dim is {self.embedding_dim} but the model outputs shape "
+                f"{tuple(output.shape)}; set it to the head's last dim.",
+                f"{_KEY}.embedding_dim",
+            )
+        key = self.key
+        if key is None:
+            raise RuntimeError(
+                "moco_loss has no keys for this batch: MoCoHook computes them after the "
+                "forward pass from sample['data_momentum'] (use the moco_collator)."
+            )
+        if key.shape != output.shape:
+            raise ValueError(
+                f"moco_loss: {tuple(key.shape)} keys for {tuple(output.shape)} queries."
+            )
+        query = F.normalize(output.float(), dim=1)
+        key = key.float()
+        positive = (query * key).sum(dim=1, keepdim=True)
+        negative = query @ self.queue.clone().t()
+        logits = torch.cat([positive, negative], dim=1) / self.temperature
+        labels = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
+        loss = F.cross_entropy(logits, labels)
+        if self.enqueue:
+            self.dequeue_and_enqueue(key)
+        self.key = None
+        return loss
+
+    def extra_repr(self) -> str:
+        return (
+            f"queue_size={self.queue_size}, embedding_dim={self.embedding_dim}, "
+            f"momentum={self.momentum}, temperature={self.temperature}, "
+            f"shuffle_batch={self.shuffle_batch}"
+        )
