@@ -60,3 +60,30 @@ def test_quick_swav_momentum_trains(tmp_path) -> None:
     m_protos = encoder.heads[0].prototypes0.weight
     assert torch.allclose(m_protos.norm(dim=1), torch.ones(32), atol=1e-5)
     assert math.isfinite(task.phase_average_loss())
+
+
+@pytest.mark.parametrize(
+    "name", ["pretrain/swav/swav_8gpu_resnet", "pretrain/swav/swav_64gpu_resnet"]
+)
+def test_real_scale_config_trains_one_step_on_cpu(tmp_path, name) -> None:
+    import warnings
+
+    from tests.config.test_shipped_configs import CPU_OVERRIDES
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 autocast on CPU, LARC, SyncBN on CPU
+        task = run_config(
+            name,
+            *CPU_OVERRIDES,
+            "config.DATA.TRAIN.DATA_LIMIT=2",
+            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2",
+            "config.DATA.NUM_DATALOADER_WORKERS=0",
+            "config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE=40",
+            "config.DATA.TRAIN.TRANSFORMS.0.size_crops=[32,16]",
+            "config.OPTIMIZER.num_epochs=1",
+            "config.HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD=False",
+            f"config.CHECKPOINT.DIR={tmp_path}",
+        )
+    assert task.iteration == 1
+    assert task.loss.num_crops == 8 and task.loss.num_prototypes == [3000]
+    assert task.precision.name == "bf16"
