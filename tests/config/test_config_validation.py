@@ -102,6 +102,17 @@ def test_missing_data_path_names_key(tmp_path):
     assert "does not exist" in str(info.value)
 
 
+def test_disk_source_without_paths_needs_dataset_names():
+    with pytest.raises(ConfigError, match=r"DATA_PATHS\[0\] is missing"):
+        compose("config.DATA.TRAIN.DATA_SOURCES=[disk_folder]")
+    # with DATASET_NAMES the paths come from the dataset catalog when the data set is built
+    _, cfg = compose(
+        "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+        "config.DATA.TRAIN.DATASET_NAMES=[imagenet1k_folder]",
+    )
+    assert list(cfg.DATA.TRAIN.DATA_PATHS) == []
+
+
 def test_bad_choice_names_key():
     with pytest.raises(ConfigError, match=r"config.MACHINE.DEVICE='tpu' is not one of"):
         compose("config.MACHINE.DEVICE=tpu")

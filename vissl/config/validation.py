@@ -421,6 +421,8 @@ def check_values(cfg: Mapping[str, Any]) -> None:
             )
         if not _split_used(cfg, split):
             continue
+        if not paths and list(data.get("DATASET_NAMES") or []):
+            continue  # resolved through the dataset catalog when the data set is built
         for i, source in enumerate(sources):
             if source not in _DISK_SOURCES:
                 continue
