@@ -32,9 +32,10 @@ import torch
 
 from vissl.config.attr_dict import AttrDict
 from vissl.engines import Engine, register_engine
+from vissl.engines.eval_data import EvalBatches, split_has_data
 from vissl.engines.run_context import RunContext
 from vissl.errors import ConfigError
-from vissl.utils.distributed import all_gather_object, get_rank, get_world_size, is_primary
+from vissl.utils.distributed import all_gather_object, get_rank, is_primary
 from vissl.utils.logger import setup_logging, shutdown_logging
 
 logger = logging.getLogger(__name__)
@@ -78,9 +79,6 @@ def _merge(parts: list[Any]) -> dict[str, np.ndarray]:
 
 def extract_cluster_main(cfg: Any, checkpoint_folder: str, local_rank: int = 0) -> dict[str, Any]:
     """Write the cluster assignments; returns ``{split: (N, H) assignments}`` on every rank."""
-    from vissl.data import build_collate_fn, build_dataset
-    from vissl.data.batch import construct_sample_for_model, move_to_device
-    from vissl.data.samplers import StatefulDistributedSampler
     from vissl.engines.extract_label_predictions import _build_eval_model
     from vissl.engines.train import set_seeds
     from vissl.utils.env import get_device
@@ -102,36 +100,13 @@ def extract_cluster_main(cfg: Any, checkpoint_folder: str, local_rank: int = 0) 
                     os.path.join(out_dir, f"prototypes{h}.npy"),
                     layer.weight.detach().float().cpu().numpy(),
                 )
-        task_like = type("SampleKeys", (), {})()
         result: dict[str, Any] = {}
         for split in ("TRAIN", "TEST"):
-            if not cfg.DATA[split].DATA_SOURCES and not cfg.DATA[split].DATASET_NAMES:
+            if not split_has_data(cfg, split):
                 continue
-            dataset = build_dataset(cfg, split)
-            batch_size = int(cfg.DATA[split].BATCHSIZE_PER_REPLICA)
-            sampler = StatefulDistributedSampler(
-                dataset,
-                num_replicas=get_world_size(),
-                rank=get_rank(),
-                shuffle=False,
-                seed=int(cfg.SEED_VALUE),
-                batch_size=batch_size,
-            )
-            loader = torch.utils.data.DataLoader(
-                dataset,
-                batch_size=batch_size,
-                sampler=sampler,
-                collate_fn=build_collate_fn(cfg, split),
-                num_workers=int(cfg.DATA.NUM_DATALOADER_WORKERS),
-            )
-            task_like.data_and_label_keys = {  # type: ignore[attr-defined]
-                "input": list(cfg.DATA[split].INPUT_KEY_NAMES),
-                "target": list(cfg.DATA[split].TARGET_KEY_NAMES),
-            }
             assignments, inds_list, targets = [], [], []
             with torch.no_grad():
-                for batch in loader:
-                    sample = move_to_device(construct_sample_for_model(batch, task_like), device)
+                for sample, batch in EvalBatches(cfg, split, device):
                     inputs = sample["input"]
                     inds = batch["data_idx"][0]
                     several = isinstance(inputs, list | tuple) and len(inputs) > 1

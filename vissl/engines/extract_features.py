@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from vissl.config.attr_dict import AttrDict
-from vissl.data.batch import construct_sample_for_model, move_to_device
 from vissl.engines import Engine, register_engine
+from vissl.engines.eval_data import EvalBatches, split_has_data
 from vissl.engines.run_context import RunContext
 from vissl.engines.train import set_seeds
-from vissl.utils.distributed import get_rank, get_world_size
+from vissl.utils.distributed import get_rank
 from vissl.utils.env import get_device
 from vissl.utils.logger import setup_logging, shutdown_logging
 
@@ -80,8 +80,6 @@ def extract_main(
     local_rank: int = 0,
 ) -> dict[str, list[str]]:
     """Extract features in this process; returns ``{split: [layer, ...]}``."""
-    from vissl.data import build_collate_fn, build_dataset
-    from vissl.data.samplers import StatefulDistributedSampler
     from vissl.models import build_model
     from vissl.models.model_helpers import get_trunk_output_feature_names
     from vissl.utils.checkpoint import load_checkpoint
@@ -122,35 +120,13 @@ def extract_main(
         out_dir = str(cfg.EXTRACT_FEATURES.OUTPUT_DIR or checkpoint_folder)
         os.makedirs(out_dir, exist_ok=True)
         threshold = int(cfg.EXTRACT_FEATURES.CHUNK_THRESHOLD)
-        task_like = type("SampleKeys", (), {})()
         result: dict[str, list[str]] = {}
         for split in ("TRAIN", "TEST"):
-            if not cfg.DATA[split].DATA_SOURCES:
+            if not split_has_data(cfg, split):
                 continue
-            dataset = build_dataset(cfg, split)
-            sampler = StatefulDistributedSampler(
-                dataset,
-                num_replicas=get_world_size(),
-                rank=get_rank(),
-                shuffle=False,
-                seed=int(cfg.SEED_VALUE),
-                batch_size=int(cfg.DATA[split].BATCHSIZE_PER_REPLICA),
-            )
-            loader = torch.utils.data.DataLoader(
-                dataset,
-                batch_size=int(cfg.DATA[split].BATCHSIZE_PER_REPLICA),
-                sampler=sampler,
-                collate_fn=build_collate_fn(cfg, split),
-                num_workers=int(cfg.DATA.NUM_DATALOADER_WORKERS),
-            )
-            task_like.data_and_label_keys = {  # type: ignore[attr-defined]
-                "input": list(cfg.DATA[split].INPUT_KEY_NAMES),
-                "target": list(cfg.DATA[split].TARGET_KEY_NAMES),
-            }
             writers: dict[str, _ChunkWriter] = {}
             with torch.no_grad():
-                for batch in loader:
-                    sample = move_to_device(construct_sample_for_model(batch, task_like), device)
+                for sample, batch in EvalBatches(cfg, split, device):
                     feats = forward(sample["input"])
                     if len(feats) != len(layer_names):
                         layer_names = [f"{layer_names[0]}{i}" for i in range(len(feats))]

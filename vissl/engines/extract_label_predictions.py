@@ -42,9 +42,10 @@ import torch
 
 from vissl.config.attr_dict import AttrDict
 from vissl.engines import Engine, register_engine
+from vissl.engines.eval_data import EvalBatches, split_has_data
 from vissl.engines.run_context import RunContext
 from vissl.errors import ConfigError
-from vissl.utils.distributed import get_rank, get_world_size
+from vissl.utils.distributed import get_rank
 from vissl.utils.logger import setup_logging, shutdown_logging
 
 logger = logging.getLogger(__name__)
@@ -154,9 +155,6 @@ def extract_label_predictions_main(
     cfg: Any, checkpoint_folder: str, local_rank: int = 0
 ) -> dict[str, Any]:
     """Write the label predictions of this rank; returns ``{split: meter value}``."""
-    from vissl.data import build_collate_fn, build_dataset
-    from vissl.data.batch import construct_sample_for_model, move_to_device
-    from vissl.data.samplers import StatefulDistributedSampler
     from vissl.engines.train import set_seeds
     from vissl.models.model_helpers import get_trunk_output_feature_names
     from vissl.utils.env import get_device
@@ -174,38 +172,16 @@ def extract_label_predictions_main(
         layer_names = unique_layer_names(get_trunk_output_feature_names(cfg.MODEL)) or ["heads"]
         out_dir = str(cfg.EXTRACT_FEATURES.OUTPUT_DIR or checkpoint_folder)
         os.makedirs(out_dir, exist_ok=True)
-        task_like = type("SampleKeys", (), {})()
         values: dict[str, Any] = {}
         for split in ("TRAIN", "TEST"):
-            if not cfg.DATA[split].DATA_SOURCES:
+            if not split_has_data(cfg, split):
                 continue
-            dataset = build_dataset(cfg, split)
-            batch_size = int(cfg.DATA[split].BATCHSIZE_PER_REPLICA)
-            sampler = StatefulDistributedSampler(
-                dataset,
-                num_replicas=get_world_size(),
-                rank=get_rank(),
-                shuffle=False,
-                seed=int(cfg.SEED_VALUE),
-                batch_size=batch_size,
-            )
-            loader = torch.utils.data.DataLoader(
-                dataset,
-                batch_size=batch_size,
-                sampler=sampler,
-                collate_fn=build_collate_fn(cfg, split),
-                num_workers=int(cfg.DATA.NUM_DATALOADER_WORKERS),
-            )
-            task_like.data_and_label_keys = {  # type: ignore[attr-defined]
-                "input": list(cfg.DATA[split].INPUT_KEY_NAMES),
-                "target": list(cfg.DATA[split].TARGET_KEY_NAMES),
-            }
+            batches = EvalBatches(cfg, split, device)
             meter.reset()
             stores: dict[str, _PredictionStore] = {}
             names = layer_names
             with torch.no_grad():
-                for batch in loader:
-                    sample = move_to_device(construct_sample_for_model(batch, task_like), device)
+                for sample, batch in batches:
                     output = model(sample["input"])
                     outputs = list(output) if isinstance(output, list | tuple) else [output]
                     if len(outputs) != len(names):
@@ -233,7 +209,7 @@ def extract_label_predictions_main(
             meter.sync_state()
             values[split] = meter.value
             logger.info("%s: %s %s", split, meter.name, values[split])
-            image_paths = _dataset_image_paths(dataset)
+            image_paths = _dataset_image_paths(batches.dataset)
             for name, store in stores.items():
                 n = store.save(out_dir, split.lower(), name, image_paths)
                 logger.info(
