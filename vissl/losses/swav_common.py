@@ -375,7 +375,8 @@ class SwAVLossBase(nn.Module):
 
 
 # --------------------------------------------------------------------------- config inference
-def _transform_crops(transforms: Sequence[Any]) -> int | None:
+def transform_num_crops(transforms: Sequence[Any]) -> int | None:
+    """Crops per sample made by the ImgPilToMultiCrop / ImgReplicatePil transform, if any."""
     for t in transforms or []:
         name = t.get("name") if isinstance(t, Mapping) else None
         if name == "ImgPilToMultiCrop":
@@ -407,7 +408,7 @@ def infer_swav_config(
             f"crops of each sample, crop-major, possibly of several sizes); got {collator!r}.",
             "config.DATA.TRAIN.COLLATE_FUNCTION",
         )
-    crops = _transform_crops(data.get("TRANSFORMS", []))
+    crops = transform_num_crops(data.get("TRANSFORMS", []))
     if crops is not None:
         params["num_crops"] = crops
     head = _find_swav_head_params(config["MODEL"]["HEAD"].get("PARAMS", []))
@@ -446,20 +447,25 @@ def infer_swav_config(
         queue["local_queue_length"] = rounded // world_size
 
 
-def _find_swav_head_params(head_params: Any) -> Mapping[str, Any] | None:
-    """The kwargs of the (first) swav_head in MODEL.HEAD.PARAMS, any of its forms."""
+def find_head_params(head_params: Any, head_name: str) -> Mapping[str, Any] | None:
+    """The kwargs of the first ``head_name`` head in MODEL.HEAD.PARAMS, any of its forms."""
     if not isinstance(head_params, Sequence) or isinstance(head_params, str):
         return None
     if len(head_params) >= 1 and isinstance(head_params[0], str):
-        if head_params[0] == "swav_head":
+        if head_params[0] == head_name:
             kwargs = head_params[1] if len(head_params) > 1 else {}
             return kwargs if isinstance(kwargs, Mapping) else {}
         return None
     for item in head_params:
-        found = _find_swav_head_params(item)
+        found = find_head_params(item, head_name)
         if found is not None:
             return found
     return None
+
+
+def _find_swav_head_params(head_params: Any) -> Mapping[str, Any] | None:
+    """The kwargs of the (first) swav_head in MODEL.HEAD.PARAMS, any of its forms."""
+    return find_head_params(head_params, "swav_head")
 
 
 def loss_kwargs(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,336 @@
+"""``dino_loss``: DINO's self-distillation with a momentum teacher and a centred target.
+
+For a batch of ``B`` samples of ``num_crops`` crops each (crop-major, as the
+``multicrop_collator`` lays them out), the student is the model being trained and the
+teacher an EMA copy of it, run on the crops of ``crops_for_teacher`` only. With
+``P_s(v) = softmax(s_v / student_temp)`` and ``P_t(c) = softmax((t_c - center) / tau_t)``::
+
+    loss = mean over pairs (c in crops_for_teacher, v in crops, v != c) of
+           mean_i  -sum_k P_t(c)_ik log P_s(v)_ik
+
+``tau_t`` rises linearly from ``teacher_temp_min`` to ``teacher_temp_max`` over
+``teacher_temp_warmup_iters`` iterations, then stays. After each training forward the
+center follows the mean teacher output over the GLOBAL batch,
+``center = ema_center * center + (1 - ema_center) * batch_mean``, where the mean is a sum
+over every rank divided by the true number of rows (all-reduced), so ranks with unequal
+batches are weighed correctly. The teacher's parameters follow the student's after every
+optimizer step, ``teacher = m * teacher + (1 - m) * student``, with ``m`` on a cosine
+from ``momentum`` to 1 over the whole training
+(:class:`~vissl.hooks.dino_hooks.DINOHook`).
+
+The teacher is a separate module made once from the model (``bind_model``, before DDP
+wraps or ``torch.compile`` compiles the student), with no gradients, never given to the
+optimizer. It runs in eval mode (no dropout or drop path) except its BatchNorm layers,
+which use the batch statistics as DINO's teacher does. The teacher and the center are in
+the loss's ``state_dict``, hence in checkpoints, and resume exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from vissl.errors import ConfigError
+from vissl.losses import register_loss
+from vissl.losses.swav_common import find_head_params, transform_num_crops
+from vissl.models.momentum import momentum_copy
+from vissl.utils.distributed import get_world_size
+
+logger = logging.getLogger(__name__)
+
+_KEY = "config.LOSS.dino_loss"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive(value: Any, key: str) -> float:
+    if not _is_number(value) or value <= 0:
+        raise ConfigError(f"{_KEY}.{key} must be a number > 0, got {value!r}.", f"{_KEY}.{key}")
+    return float(value)
+
+
+def _unit(value: Any, key: str) -> float:
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
+        raise ConfigError(
+            f"{_KEY}.{key} must be a number in [0, 1], got {value!r}.", f"{_KEY}.{key}"
+        )
+    return float(value)
+
+
+def _int(value: Any, key: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(
+            f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
+        )
+    return value
+
+
+def teacher_temperature(iteration: int, temp_min: float, temp_max: float, warmup: int) -> float:
+    """DINO's teacher temperature: linear from ``temp_min`` to ``temp_max`` over ``warmup``."""
+    if warmup <= 0 or iteration >= warmup:
+        return temp_max
+    return temp_min + (temp_max - temp_min) * iteration / warmup
+
+
+def cosine_momentum(iteration: int, max_iteration: int, base: float) -> float:
+    """DINO's teacher momentum: ``1 - (1 - base) * (cos(pi * t / T) + 1) / 2``."""
+    if max_iteration <= 0:
+        return base
+    progress = min(max(iteration / max_iteration, 0.0), 1.0)
+    return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
+
+
+def single_tensor(output: Any, what: str) -> torch.Tensor:
+    """The one tensor of a model output (a tensor, or lists of one element around it)."""
+    while not isinstance(output, torch.Tensor):
+        items = list(output)
+        if len(items) != 1:
+            raise ValueError(
+                f"dino_loss expects one output tensor from {what} (one head chain ending in "
+                f"a dino_head), got {len(items)} outputs."
+            )
+        output = items[0]
+    return output
+
+
+def set_teacher_mode(teacher: nn.Module) -> None:
+    """Eval mode (no dropout, no drop path) except BatchNorm, which uses batch statistics."""
+    teacher.eval()
+    for module in teacher.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.train()
+
+
+@register_loss("dino_loss")
+class DINOLoss(nn.Module):
+    """DINO loss with its teacher and center (see the module docstring).
+
+    Args:
+        momentum: the teacher's EMA factor at the start of training (cosine to 1).
+        student_temp: the student's softmax temperature.
+        teacher_temp_min: the teacher's temperature at iteration 0.
+        teacher_temp_max: the teacher's temperature after the warm-up.
+        teacher_temp_warmup_iters: iterations of the linear temperature warm-up.
+        crops_for_teacher: indices of the crops the teacher sees (the global crops).
+        ema_center: EMA factor of the center.
+        normalize_last_layer: must match the dino_head's setting (checked from config).
+        output_dim: width of the head's output (the center's size).
+        num_crops: crops per sample in the batch.
+    """
+
+    def __init__(
+        self,
+        momentum: float = 0.996,
+        student_temp: float = 0.1,
+        teacher_temp_min: float = 0.04,
+        teacher_temp_max: float = 0.07,
+        teacher_temp_warmup_iters: int = 37530,
+        crops_for_teacher: Sequence[int] = (0, 1),
+        ema_center: float = 0.9,
+        normalize_last_layer: bool = True,
+        output_dim: int = 65536,
+        num_crops: int = 2,
+    ) -> None:
+        super().__init__()
+        self.momentum = _unit(momentum, "momentum")
+        self.student_temp = _positive(student_temp, "student_temp")
+        self.teacher_temp_min = _positive(teacher_temp_min, "teacher_temp_min")
+        self.teacher_temp_max = _positive(teacher_temp_max, "teacher_temp_max")
+        self.teacher_temp_warmup_iters = _int(
+            teacher_temp_warmup_iters, "teacher_temp_warmup_iters", 0
+        )
+        self.ema_center = _unit(ema_center, "ema_center")
+        self.normalize_last_layer = bool(normalize_last_layer)
+        self.output_dim = _int(output_dim, "output_dim", 1)
+        self.num_crops = _int(num_crops, "num_crops", 2)
+        crops = list(crops_for_teacher) if isinstance(crops_for_teacher, Sequence) else None
+        if (
+            not crops
+            or isinstance(crops_for_teacher, str)
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in crops)
+            or len(set(crops)) != len(crops)
+            or not all(0 <= c < self.num_crops for c in crops)
+        ):
+            raise ConfigError(
+                f"{_KEY}.crops_for_teacher must list distinct crop indices in "
+                f"[0, {self.num_crops - 1}] (the batch has {self.num_crops} crops per "
+                f"sample), e.g. [0, 1] for the two global crops; got {crops_for_teacher!r}.",
+                f"{_KEY}.crops_for_teacher",
+            )
+        self.crops_for_teacher = crops
+        self.register_buffer("center", torch.zeros(1, self.output_dim))
+        self.center: torch.Tensor
+        self.teacher: nn.Module | None = None
+        #: The teacher's output on ``crops_for_teacher`` for this batch (set by DINOHook).
+        self.teacher_output: torch.Tensor | None = None
+        #: The teacher temperature of this batch (set by DINOHook from the iteration).
+        self.teacher_temp = self.teacher_temp_min
+
+    @classmethod
+    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
+        """``num_crops`` from the transforms, ``output_dim`` from the dino_head.
+
+        Raises:
+            ConfigError: the collator is not ``multicrop_collator``, or the loss and the
+                head disagree on ``normalize_last_layer``.
+        """
+        data = config["DATA"]["TRAIN"]
+        collator = data.get("COLLATE_FUNCTION")
+        if collator != "multicrop_collator":
+            raise ConfigError(
+                f"{_KEY}: DINO needs config.DATA.TRAIN.COLLATE_FUNCTION: multicrop_collator "
+                f"(the crops of each sample, crop-major, possibly of several sizes); got "
+                f"{collator!r}.",
+                "config.DATA.TRAIN.COLLATE_FUNCTION",
+            )
+        crops = transform_num_crops(data.get("TRANSFORMS", []))
+        if crops is not None:
+            params["num_crops"] = crops
+        head = find_head_params(config["MODEL"]["HEAD"].get("PARAMS", []), "dino_head")
+        if head is None:
+            return
+        if "num_clusters" in head:
+            from vissl.models.heads.dino_head import dino_output_dim
+
+            out = dino_output_dim(head["num_clusters"])
+            if params.get("output_dim") != out:
+                logger.info("%s.output_dim set to %d, the dino_head's num_clusters", _KEY, out)
+            params["output_dim"] = out
+        head_norm = head.get("normalize_last_layer")
+        loss_norm = params.get("normalize_last_layer", True)
+        if head_norm is not None and bool(head_norm) != bool(loss_norm):
+            raise ConfigError(
+                f"{_KEY}.normalize_last_layer is {loss_norm} but the dino_head in "
+                f"config.MODEL.HEAD.PARAMS has normalize_last_layer: {head_norm}; set both "
+                "to the same value.",
+                f"{_KEY}.normalize_last_layer",
+            )
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any]) -> DINOLoss:
+        return cls(
+            momentum=params.get("momentum", 0.996),
+            student_temp=params.get("student_temp", 0.1),
+            teacher_temp_min=params.get("teacher_temp_min", 0.04),
+            teacher_temp_max=params.get("teacher_temp_max", 0.07),
+            teacher_temp_warmup_iters=params.get("teacher_temp_warmup_iters", 37530),
+            crops_for_teacher=list(params.get("crops_for_teacher", [0, 1])),
+            ema_center=params.get("ema_center", 0.9),
+            normalize_last_layer=params.get("normalize_last_layer", True),
+            output_dim=params.get("output_dim", 65536),
+            num_crops=params.get("num_crops", 2),
+        )
+
+    def bind_model(self, model: nn.Module) -> None:
+        """Make the teacher: a frozen copy of ``model`` (the plain module, not DDP)."""
+        self.teacher = momentum_copy(model)
+        set_teacher_mode(self.teacher)
+
+    def train(self, mode: bool = True) -> DINOLoss:
+        super().train(mode)
+        if self.teacher is not None:
+            set_teacher_mode(self.teacher)
+        return self
+
+    def required_hooks(self) -> list[Any]:
+        from vissl.hooks.dino_hooks import DINOHook
+
+        return [DINOHook(self)]
+
+    @property
+    def uniform_loss(self) -> float:
+        """``ln(output_dim)``: the loss when teacher and student are uniform (collapse)."""
+        return math.log(self.output_dim)
+
+    def teacher_input(self, batch: Any) -> Any:
+        """The crops of ``crops_for_teacher`` from a multi-crop batch (a list per crop)."""
+        if isinstance(batch, torch.Tensor):
+            raise ValueError(
+                "dino_loss: the batch is one tensor, but the teacher needs the crops one by "
+                "one; use config.DATA.TRAIN.COLLATE_FUNCTION: multicrop_collator."
+            )
+        crops = list(batch)
+        if len(crops) != self.num_crops:
+            raise ValueError(
+                f"dino_loss expects {self.num_crops} crops per sample ({_KEY}.num_crops), the "
+                f"batch has {len(crops)}."
+            )
+        return [crops[c] for c in self.crops_for_teacher]
+
+    @torch.no_grad()
+    def update_center(self, teacher_output: torch.Tensor) -> None:
+        """EMA of the center towards the mean teacher row over every rank's rows."""
+        rows = teacher_output.float()
+        stats = torch.cat([rows.sum(dim=0), rows.new_full((1,), float(rows.shape[0]))], dim=0)
+        if get_world_size() > 1:
+            dist.all_reduce(stats)
+        batch_center = (stats[:-1] / stats[-1]).unsqueeze(0)
+        self.center.mul_(self.ema_center).add_(batch_center, alpha=1.0 - self.ema_center)
+
+    def forward(self, output: Any, target: Any = None) -> torch.Tensor:
+        """Cross entropy of the student's crops against the teacher's; ``target`` unused.
+
+        Args:
+            output: the student's logits ``(num_crops * B, output_dim)`` (or a list of it).
+            target: unused.
+        """
+        output = single_tensor(output, "the model")
+        if output.ndim != 2 or output.shape[1] != self.output_dim:
+            raise ConfigError(
+                f"{_KEY}.output_dim is {self.output_dim} but the model outputs shape "
+                f"{tuple(output.shape)}; set it to the dino_head's num_clusters.",
+                f"{_KEY}.output_dim",
+            )
+        teacher = self.teacher_output
+        if teacher is None:
+            raise RuntimeError(
+                "dino_loss has no teacher output for this batch: DINOHook (declared in "
+                "required_hooks) sets it on_forward; when calling the loss by hand, set "
+                "loss.teacher_output first."
+            )
+        self.teacher_output = None
+        if output.shape[0] % self.num_crops != 0:
+            raise ValueError(
+                f"dino_loss: {output.shape[0]} rows are not {self.num_crops} crops of one batch."
+            )
+        batch = output.shape[0] // self.num_crops
+        n_teacher = len(self.crops_for_teacher)
+        if teacher.shape != (n_teacher * batch, self.output_dim):
+            raise ValueError(
+                f"dino_loss: teacher output of shape {tuple(teacher.shape)} for {n_teacher} "
+                f"crops of {batch} samples."
+            )
+        teacher = teacher.detach().float()
+        student_logp = F.log_softmax(output.float() / self.student_temp, dim=-1).chunk(
+            self.num_crops
+        )
+        targets = F.softmax((teacher - self.center) / self.teacher_temp, dim=-1).chunk(n_teacher)
+        total = output.new_zeros((), dtype=torch.float32)
+        terms = 0
+        for t_index, crop in enumerate(self.crops_for_teacher):
+            for view in range(self.num_crops):
+                if view == crop:
+                    continue
+                total = total - (targets[t_index] * student_logp[view]).sum(dim=-1).mean()
+                terms += 1
+        if self.training:
+            self.update_center(teacher)
+        return total / terms
+
+    def extra_repr(self) -> str:
+        return (
+            f"output_dim={self.output_dim}, num_crops={self.num_crops}, "
+            f"crops_for_teacher={self.crops_for_teacher}, momentum={self.momentum}, "
+            f"student_temp={self.student_temp}, teacher_temp=[{self.teacher_temp_min}, "
+            f"{self.teacher_temp_max}] over {self.teacher_temp_warmup_iters} iters, "
+            f"ema_center={self.ema_center}"
+        )

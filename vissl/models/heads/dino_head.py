@@ -1,0 +1,155 @@
+"""``dino_head``: DINO's projection MLP, bottleneck and weight-normalised last layer.
+
+``in_dim -> hidden_dim -> ... -> hidden_dim -> bottleneck_dim`` (``num_layers`` Linear
+layers, GELU between them, optional BatchNorm1d after the hidden ones), then the
+bottleneck is L2-normalised and scored by ``prototypes0``, a bias-free linear layer of
+``num_clusters[0]`` outputs whose rows are weight-normalised,
+``W = g * V / ||V||`` (``torch.nn.utils.weight_norm`` in DINO). With
+``normalize_last_layer`` the scale ``g`` is fixed at 1 (DINO's ``norm_last_layer``), which
+stabilises training; otherwise each row has a learnable ``g``.
+
+The direction ``V`` is the parameter ``heads.0.prototypes0.weight`` (the name SwAV's
+prototypes use), so DINO's "freeze the last layer for the first epoch" is
+``MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: [["module.heads.0.prototypes0.weight", <iters>]]``.
+
+Output: the logits, ``Tensor(N, num_clusters[0])`` (the model returns ``[logits]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vissl.errors import ConfigError
+from vissl.models.heads import register_model_head
+from vissl.models.model_helpers import cfg_get
+
+_KEY = "config.MODEL.HEAD.PARAMS"
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"{_KEY}: dino_head's `{name}` must be a positive integer, got {value!r}.", _KEY
+        )
+    return value
+
+
+def dino_output_dim(num_clusters: Any) -> int:
+    """The output width of a dino_head from its ``num_clusters`` (an int or a list of one)."""
+    if isinstance(num_clusters, Sequence) and not isinstance(num_clusters, str):
+        if len(num_clusters) != 1:
+            raise ConfigError(
+                f"{_KEY}: dino_head's `num_clusters` must hold exactly one size (DINO has one "
+                f"last layer), e.g. [65536]; got {list(num_clusters)!r}.",
+                _KEY,
+            )
+        num_clusters = num_clusters[0]
+    return _positive_int(num_clusters, "num_clusters")
+
+
+class WeightNormLinear(nn.Module):
+    """Bias-free ``y = x @ (g * V / ||V||_row).T``; ``g`` is 1 and fixed unless ``learn_scale``.
+
+    Args:
+        in_dim: input width.
+        out_dim: output width (number of rows of ``V``).
+        learn_scale: a learnable per-row scale ``g`` (initialised at 1).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, learn_scale: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_dim, in_dim))
+        nn.init.trunc_normal_(self.weight, std=0.02)
+        self.scale: nn.Parameter | None = (
+            nn.Parameter(torch.ones(out_dim, 1)) if learn_scale else None
+        )
+
+    def normalized_weight(self) -> torch.Tensor:
+        weight = F.normalize(self.weight, dim=1, p=2)
+        return weight * self.scale if self.scale is not None else weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.normalized_weight())
+
+    def extra_repr(self) -> str:
+        out_dim, in_dim = self.weight.shape
+        return f"in_dim={in_dim}, out_dim={out_dim}, learn_scale={self.scale is not None}"
+
+
+@register_model_head("dino_head")
+class DINOHead(nn.Module):
+    """DINO's projection head.
+
+    Args:
+        model_config: config.MODEL (HEAD.BATCHNORM_EPS and HEAD.BATCHNORM_MOMENTUM are read).
+        in_dim: the trunk's output width.
+        num_clusters: ``[K]``, the output width (DINO's ``out_dim``, e.g. 65536).
+        use_bn: BatchNorm1d after each hidden Linear.
+        normalize_last_layer: fix the last layer's row norms at 1.
+        num_layers: Linear layers before the last layer (at least 1).
+        hidden_dim: width of the hidden layers.
+        bottleneck_dim: width of the L2-normalised bottleneck.
+    """
+
+    def __init__(
+        self,
+        model_config: Mapping[str, Any],
+        in_dim: int,
+        num_clusters: Sequence[int] | int = (65536,),
+        use_bn: bool = False,
+        normalize_last_layer: bool = True,
+        num_layers: int = 3,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+    ) -> None:
+        super().__init__()
+        in_dim = _positive_int(in_dim, "in_dim")
+        out_dim = dino_output_dim(num_clusters)
+        num_layers = _positive_int(num_layers, "num_layers")
+        hidden_dim = _positive_int(hidden_dim, "hidden_dim")
+        bottleneck_dim = _positive_int(bottleneck_dim, "bottleneck_dim")
+        eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
+        momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
+        widths = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
+        layers: list[nn.Module] = []
+        for i in range(num_layers):
+            layers.append(nn.Linear(widths[i], widths[i + 1]))
+            if i < num_layers - 1:
+                if use_bn:
+                    layers.append(nn.BatchNorm1d(widths[i + 1], eps=eps, momentum=momentum))
+                layers.append(nn.GELU())
+        self.mlp = nn.Sequential(*layers)
+        for module in self.mlp.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+        self.prototypes0 = WeightNormLinear(
+            bottleneck_dim, out_dim, learn_scale=not bool(normalize_last_layer)
+        )
+        self.in_dim = in_dim
+        self.output_dim = out_dim
+
+    def forward(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        if isinstance(batch, torch.Tensor):
+            x = batch
+        elif len(batch) == 1:
+            x = batch[0]
+        else:
+            raise ValueError(
+                f"dino_head expects a tensor or a list of one tensor; got a list of {len(batch)}."
+            )
+        if x.ndim > 2:
+            x = torch.flatten(x, start_dim=1)
+        if x.shape[1] != self.in_dim:
+            raise ConfigError(
+                f"{_KEY}: dino_head's in_dim is {self.in_dim} but its input has width "
+                f"{x.shape[1]} (the trunk's output); set in_dim to {x.shape[1]}.",
+                _KEY,
+            )
+        x = F.normalize(self.mlp(x), dim=-1, p=2)
+        return self.prototypes0(x)
