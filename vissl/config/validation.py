@@ -51,6 +51,8 @@ POLYMORPHIC = {
     "MODEL.GRAD_CLIP.NORM_TYPE": (int, float, str),
     "MODEL.GRAD_CLIP.MAX_NORM": (int, float),
     "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER": (int, float),
+    # False: 1/sqrt(head dim); a number: that scale
+    "MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE": (bool, int, float),
     "DISTRIBUTED.NCCL_SOCKET_NTHREADS": (int, str),
     "DISTRIBUTED.RUN_ID": (str, int),
     "LOSS.cross_entropy_multiple_output_single_target.weight": (list, type(None)),

@@ -124,6 +124,7 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     state after; checkpoints are written last at phase end.
     """
     from vissl.hooks.checkpoint_hooks import CheckpointHook, LogMetricsHook
+    from vissl.hooks.ema_hook import EmaHook, ema_enabled
     from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
     from vissl.hooks.state_update_hooks import (
         CheckNanLossHook,
@@ -144,6 +145,9 @@ def default_hook_generator(cfg: Any) -> list[Any]:
         hooks.append(FreezeParametersHook(frozen))
     if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP:
         hooks.append(GradClipHook(cfg.MODEL.GRAD_CLIP.NORM_TYPE, cfg.MODEL.GRAD_CLIP.MAX_NORM))
+    if ema_enabled(cfg.HOOKS.EMA_MODEL):
+        # priority LOW + 5: its on_update follows hooks that edit the weights after the step
+        hooks.append(EmaHook.from_config(cfg))
     hooks.append(
         LogLossLrEtaHook(
             folder,

@@ -5,7 +5,10 @@ Keys, as in VISSL:
 - ``PARAMS_FILE``: the file (one of our checkpoints, a VISSL checkpoint, or any state dict).
 - ``STATE_DICT_KEY_NAME``: where the weights are inside the file: ``classy_state_dict``
   (our and VISSL's checkpoints), another top-level key (``model_state_dict``, ``model``...),
-  a list of nested keys, or ``""`` for a file that is the state dict itself.
+  a list of nested keys, or ``""`` for a file that is the state dict itself. A first key
+  that is not at the top level of one of our checkpoints is looked up inside its
+  ``classy_state_dict``: ``ema_model`` (the same as ``[classy_state_dict, ema_model]``)
+  loads the exponential moving average saved by ``HOOKS.EMA_MODEL``.
 - ``SKIP_LAYERS``: a model key containing one of these strings is not loaded.
 - ``REMOVE_PREFIX`` then ``APPEND_PREFIX``: rename the keys of a plain state dict, e.g.
   ``APPEND_PREFIX: trunk._feature_blocks.`` for torchvision's ResNet weights. VISSL
@@ -65,9 +68,25 @@ def _short(keys: Sequence[str]) -> str:
     return f"{keys[:_LIST_LIMIT]} ... and {len(keys) - _LIST_LIMIT} more"
 
 
-def _flatten_vissl_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"base_model": {"model": {"trunk", "heads"}}}`` -> ``{"trunk.x": t, "heads.y": t}``."""
-    model = state["base_model"]["model"]
+def _vissl_model(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``{"trunk", "heads"}`` mapping of a VISSL model state, or None if ``state`` is not one.
+
+    Accepts a ``classy_state_dict`` (``{"base_model": {"model": ...}}``) and a model's own
+    state as VISSL stores the EMA (``{"model": {"trunk", "heads"}, "meta"}``).
+    """
+    base = state.get("base_model")
+    if isinstance(base, Mapping) and isinstance(base.get("model"), Mapping):
+        return base["model"]  # type: ignore[no-any-return]
+    model = state.get("model")
+    if isinstance(model, Mapping) and (
+        isinstance(model.get("trunk"), Mapping) or isinstance(model.get("heads"), Mapping)
+    ):
+        return model
+    return None
+
+
+def _flatten_vissl_state(model: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"trunk": {"x": t}, "heads": {"y": t}}`` -> ``{"trunk.x": t, "heads.y": t}``."""
     flat = {f"trunk.{k}": v for k, v in (model.get("trunk") or {}).items()}
     flat.update({f"heads.{k}": v for k, v in (model.get("heads") or {}).items()})
     flat.update(model.get("other") or {})
@@ -105,7 +124,8 @@ def extract_state_dict(
 
     Returns:
         (state dict, is_vissl): ``is_vissl`` is True when the weights were a VISSL model
-        state (``base_model.model.trunk/heads``), whose keys are already model keys.
+        state (``base_model.model.trunk/heads``, or ``model.trunk/heads`` as VISSL stores
+        ``ema_model``), whose keys are already model keys.
 
     Raises:
         ConfigError: a key is not in the file, or what it points at holds no tensors.
@@ -114,6 +134,11 @@ def extract_state_dict(
     state: Any = checkpoint
     path: list[str] = []
     for key in (k for k in keys if k):
+        inner = state.get("classy_state_dict") if isinstance(state, Mapping) else None
+        if not path and isinstance(inner, Mapping) and key not in state and key in inner:
+            # e.g. "ema_model": classy_state_dict.ema_model of our (and VISSL's) checkpoints
+            state = inner
+            path.append("classy_state_dict")
         if not isinstance(state, Mapping) or key not in state:
             found = sorted(map(str, state))[:20] if isinstance(state, Mapping) else []
             where = "/".join(path) or "the top level"
@@ -126,8 +151,9 @@ def extract_state_dict(
         state = state[key]
         path.append(key)
     where = "/".join(path) or "the file root"
-    if isinstance(state, Mapping) and "base_model" in state:
-        return _as_tensor_dict(_flatten_vissl_state(state), where), True
+    model = _vissl_model(state) if isinstance(state, Mapping) else None
+    if model is not None:
+        return _as_tensor_dict(_flatten_vissl_state(model), where), True
     if not isinstance(state, Mapping):
         raise ConfigError(
             f"the weights under {where} are a {type(state).__name__}, not a state dict.",

@@ -1,0 +1,315 @@
+"""``EmaHook`` (``HOOKS.EMA_MODEL``): an exponential moving average of the model's weights.
+
+On when ``SAVE_EMA_MODEL`` or ``ENABLE_EMA_METERS`` is set (as in VISSL).
+
+- The EMA is a frozen copy of ``task.base_model`` (the plain model, not its DDP or
+  ``torch.compile`` wrapper; see :mod:`vissl.models.momentum`), made once, before the first
+  update, on the task's device (``EMA_DEVICE: gpu``) or the CPU (``EMA_DEVICE: cpu``). It
+  starts from the model's weights after ``MODEL.WEIGHTS_INIT`` or a resume.
+- ``on_update``: after every ``UPDATE_ITER``-th optimizer step (steps k, 2k, ...; with
+  gradient accumulation a step is an optimizer step, not a micro-batch), each parameter
+  becomes ``DECAY * ema + (1 - DECAY) * model``, in one foreach lerp on the device (no host
+  read). Buffers (BatchNorm running statistics) are *copied* from the model rather than
+  averaged: the model's statistics are estimates over recent batches already, the EMA
+  never runs in train mode to collect its own, and averaging integer counters
+  (``num_batches_tracked``) is meaningless. With ``EMA_DEVICE: cpu`` each update copies
+  the weights to the host (a device sync); raise ``UPDATE_ITER`` to make that rarer.
+  Under fp16 a step the GradScaler skips still counts (the model did not change, the
+  EMA moves towards it), as in VISSL.
+- Checkpoints hold the EMA as ``classy_state_dict["ema_model"]`` in the layout of
+  ``base_model`` (``{"model": {"trunk", "heads", "other"}, "meta"}``), and a resume
+  restores it, so the EMA of a resumed run equals the uninterrupted one. Evaluation tools
+  load it with ``MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model``.
+- ``ENABLE_EMA_METERS``: in TEST phases the EMA also runs on each batch (no gradients, in
+  eval mode, under the run's autocast) and a second set of meters, built from
+  ``config.METERS``, measures its outputs. During a test phase these meters sit in
+  ``task.meters`` named ``ema_<meter name>`` (they ignore the train step's updates), so
+  the trainer syncs them across ranks and ``metrics.json``, the log and TensorBoard show
+  them beside the model's own, e.g. ``test_ema_accuracy_list_meter``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from vissl.errors import ConfigError
+from vissl.hooks.base import Priority, VisslHook
+from vissl.models.momentum import EmaTensors, ema_tensors, ema_update_tensors_, momentum_copy
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
+
+logger = logging.getLogger(__name__)
+
+KEY = "config.HOOKS.EMA_MODEL"
+#: ``EMA_DEVICE`` values: "gpu"/"cuda" mean the task's device (the CPU on a CPU run).
+EMA_DEVICES = ("gpu", "cuda", "cpu")
+
+
+def ema_enabled(ema_cfg: Mapping[str, Any]) -> bool:
+    """Whether ``HOOKS.EMA_MODEL`` asks for the hook (either flag set)."""
+    return bool(ema_cfg.get("SAVE_EMA_MODEL")) or bool(ema_cfg.get("ENABLE_EMA_METERS"))
+
+
+def _check_decay(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(
+            f"{KEY}.DECAY={value!r} must be a number in [0, 1] (the weight of the old average "
+            "at each update; e.g. 0.9999).",
+            f"{KEY}.DECAY",
+        )
+    return float(value)
+
+
+def _check_update_iter(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{KEY}.UPDATE_ITER={value!r} must be a positive integer (update the average "
+            "after every that many optimizer steps).",
+            f"{KEY}.UPDATE_ITER",
+        )
+    return value
+
+
+def _check_device(value: Any) -> str:
+    name = value.lower() if isinstance(value, str) else value
+    if name not in EMA_DEVICES:
+        raise ConfigError(
+            f"{KEY}.EMA_DEVICE={value!r} must be one of {list(EMA_DEVICES)}: 'gpu' keeps the "
+            "average on the training device, 'cpu' in host memory.",
+            f"{KEY}.EMA_DEVICE",
+        )
+    return "cpu" if name == "cpu" else "gpu"
+
+
+class _EmaMeterView:
+    """An EMA meter as it appears in ``task.meters`` during a test phase.
+
+    The train step's ``update`` calls are ignored (the hook feeds the meter the EMA's
+    outputs); reset, cross-rank sync, value and state are the meter's own; the name is
+    ``ema_<name>``. ``supports_valid_mask`` spares the step a host sync for this meter.
+    """
+
+    supports_valid_mask = True
+
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+
+    @property
+    def name(self) -> str:
+        return f"ema_{self.meter.name}"
+
+    @property
+    def value(self) -> Any:
+        return self.meter.value
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Ignored: the model's outputs are not the EMA's."""
+
+    def reset(self) -> None:
+        self.meter.reset()
+
+    def sync_state(self) -> None:
+        self.meter.sync_state()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = getattr(self.meter, "state_dict", None)
+        return dict(state()) if callable(state) else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load = getattr(self.meter, "load_state_dict", None)
+        if callable(load):
+            load(state)
+
+
+def _rows(x: Any) -> int | None:
+    return x.shape[0] if isinstance(x, torch.Tensor) and x.ndim >= 1 else None
+
+
+def update_meters_without_padding(meters: list[Any], output: Any, target: Any, valid: Any) -> None:
+    """``meter.update(output, target)`` without the rows a distributed sampler padded.
+
+    ``valid`` (the batch's ``data_valid``, 0 for padding) goes to meters with
+    ``supports_valid_mask``; for the others the padding rows are removed (boolean
+    indexing). As the train step does in test phases.
+    """
+    outputs = [output] if isinstance(output, torch.Tensor) else output
+    n = _rows(valid)
+    if not (
+        n is not None
+        and valid.ndim == 1
+        and _rows(target) == n
+        and isinstance(outputs, list | tuple)
+        and all(_rows(o) == n for o in outputs)
+    ):
+        valid = None
+    keep = None
+    for meter in meters:
+        if valid is None:
+            meter.update(output, target)
+        elif getattr(meter, "supports_valid_mask", False):
+            meter.update(output, target, valid=valid)
+        else:
+            if keep is None:
+                keep = valid != 0
+            if isinstance(output, torch.Tensor):
+                meter.update(output[keep], target[keep])
+            else:
+                meter.update([o[keep] for o in outputs], target[keep])
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    """Tensors (nested in lists/tuples/dicts) to ``device``; blocking, so safe to the host."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, Mapping):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_device(v, device) for v in obj)
+    return obj
+
+
+class EmaHook(VisslHook):
+    """Keeps an exponential moving average of ``task.base_model`` (see the module docstring).
+
+    The EMA is saved in checkpoints whenever the hook is on: ``SAVE_EMA_MODEL`` alone asks
+    for exactly that, and ``ENABLE_EMA_METERS`` needs it for a resumed run to continue the
+    same average.
+
+    Args:
+        decay: weight of the old average at each update, in [0, 1].
+        update_iter: update after every that many optimizer steps (>= 1).
+        ema_device: "gpu" (or "cuda": the task's device) or "cpu".
+        enable_ema_meters: also measure the EMA with the METERS in test phases.
+        meters_config: ``config.METERS`` (needed for ``enable_ema_meters``).
+
+    Raises:
+        ConfigError: a value out of range, or EMA meters without any meter configured.
+    """
+
+    # After hooks that change the weights once more after the optimizer step (SwAV's
+    # prototype normalisation, Priority.LOW), so the average follows the final weights.
+    priority = Priority.LOW + 5
+
+    def __init__(
+        self,
+        decay: float = 0.9999,
+        update_iter: int = 1,
+        ema_device: str = "gpu",
+        enable_ema_meters: bool = False,
+        meters_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.decay = _check_decay(decay)
+        self.update_iter = _check_update_iter(update_iter)
+        self.ema_device = _check_device(ema_device)
+        self.enable_ema_meters = bool(enable_ema_meters)
+        self.meters_config = meters_config
+        if self.enable_ema_meters:
+            from vissl.meters.build import meter_names_from_config
+
+            if not meter_names_from_config(meters_config):
+                raise ConfigError(
+                    f"{KEY}.ENABLE_EMA_METERS is on but config.METERS.names is empty: list the "
+                    "meters to compute on the EMA model, or turn ENABLE_EMA_METERS off.",
+                    f"{KEY}.ENABLE_EMA_METERS",
+                )
+        self.model: nn.Module | None = None
+        self.device: torch.device | None = None
+        self._tensors: EmaTensors | None = None
+        self.ema_meters: list[Any] = []
+        self._views: list[_EmaMeterView] = []
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> EmaHook:
+        """Build from the ``config`` section (``HOOKS.EMA_MODEL`` and ``METERS``)."""
+        ema = cfg["HOOKS"]["EMA_MODEL"]
+        return cls(
+            decay=ema.get("DECAY", 0.9999),
+            update_iter=ema.get("UPDATE_ITER", 1),
+            ema_device=ema.get("EMA_DEVICE", "gpu"),
+            enable_ema_meters=bool(ema.get("ENABLE_EMA_METERS", False)),
+            meters_config=cfg.get("METERS"),
+        )
+
+    # ------------------------------------------------------------------ the average
+    def ensure_model(self, task: SelfSupervisionTask) -> nn.Module:
+        """The EMA model, copied from ``task.base_model`` on first use."""
+        if self.model is None:
+            device = torch.device("cpu") if self.ema_device == "cpu" else task.device
+            model = momentum_copy(task.base_model).to(device)
+            model.eval()  # it never trains: dropout off, BatchNorm uses the copied stats
+            self.model, self.device = model, device
+            self._tensors = ema_tensors(model, task.base_model)
+            logger.info(
+                "EMA of the model on %s: decay %s, updated every %d optimizer step(s)",
+                device,
+                self.decay,
+                self.update_iter,
+            )
+        return self.model
+
+    def on_start(self, task: SelfSupervisionTask) -> None:
+        self.ensure_model(task)
+        if self.enable_ema_meters and not self.ema_meters:
+            from vissl.meters import build_meters
+
+            self.ema_meters = build_meters(self.meters_config, device=task.device)
+            self._views = [_EmaMeterView(m) for m in self.ema_meters]
+
+    def on_update(self, task: SelfSupervisionTask) -> None:
+        # task.iteration counts the optimizer steps done before this one.
+        if (task.iteration + 1) % self.update_iter != 0:
+            return
+        self.ensure_model(task)
+        assert self._tensors is not None
+        ema_update_tensors_(self._tensors, self.decay)
+
+    # ------------------------------------------------------------------ EMA meters
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
+        if not self._views:
+            return
+        views = {id(v) for v in self._views}
+        task.meters[:] = [m for m in task.meters if id(m) not in views]
+        if not task.train:
+            for meter in self.ema_meters:
+                meter.reset()
+            task.meters.extend(self._views)
+
+    @torch.no_grad()
+    def on_forward(self, task: SelfSupervisionTask) -> None:
+        if task.train or not self.ema_meters:
+            return
+        model = self.ensure_model(task)
+        assert self.device is not None
+        sample = task.last_batch.sample
+        x = sample["input"]
+        if self.device != task.device:
+            x = _to_device(x, self.device)
+        with task.precision.autocast():
+            output = model(x)
+        if isinstance(output, list | tuple) and len(output) == 1:
+            output = output[0]
+        if self.device != task.device:
+            output = _to_device(output, task.device)
+        update_meters_without_padding(
+            self.ema_meters, output, sample["target"], sample.get("data_valid")
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def ema_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The EMA's flat state dict (``trunk.*``, ``heads.*``), or None before it exists."""
+        return None if self.model is None else self.model.state_dict()
+
+    def load_ema_state_dict(
+        self, task: SelfSupervisionTask, state: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Restore the EMA from a checkpoint (called on resume, before ``on_start``)."""
+        self.ensure_model(task).load_state_dict(dict(state))
+
+
+__all__ = ["EMA_DEVICES", "EmaHook", "ema_enabled", "update_meters_without_padding"]

@@ -1,0 +1,568 @@
+"""Vision Transformer trunk ``vision_transformer`` (ViT / DeiT, as DINO and VISSL build it).
+
+Configured by MODEL.TRUNK.VISION_TRANSFORMERS (docs/models/vision_transformer.md): a
+``name`` preset (tiny | small | base) or HIDDEN_DIM, NUM_LAYERS, NUM_HEADS and MLP_DIM;
+IMAGE_SIZE and PATCH_SIZE; DROPOUT_RATE, ATTENTION_DROPOUT_RATE, DROP_PATH_RATE; QKV_BIAS,
+QK_SCALE; CLASSIFIER (token | gap); CHECKPOINT_MLP / CHECKPOINT_BLOCK.
+
+Pre-norm blocks (LayerNorm eps 1e-6), attention through
+``torch.nn.functional.scaled_dot_product_attention``, GELU MLP, a class token and a learned
+position embedding (truncated-normal init, std 0.02). Inputs of another size than
+IMAGE_SIZE (multi-crop) get bicubically interpolated position embeddings. Parameter names
+are DINO's and VISSL's (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
+``blocks.{i}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}``, ``norm``), so their ViT
+checkpoints load unchanged.
+
+Features, by VISSL's names (``out_feat_keys``; i counts blocks from 0, n the last blocks;
+every block output goes through the final LayerNorm ``norm`` first, as in DINO):
+
+==============  ==============================================  ======================
+name            what                                            shape
+==============  ==============================================  ======================
+lastCLS         class token of the last block (CLASSIFIER token) N x D
+lastPOOL        mean of the last block's patch tokens (gap)      N x D
+lastMAP         the last block's patch tokens as a map           N x D x h x w
+lastBLK         all tokens of the last block                     N x (1 + h*w) x D
+blkCLS{i}       ... of block i (also blkPOOL/blkMAP/blkBLK{i})   as above
+concatCLS{n}    the last n blocks' class tokens, concatenated    N x nD
+concatPOOL{n}   (also concatMAP{n}, concatBLK{n})                along the feature dim
+==============  ==============================================  ======================
+
+The default output (no ``out_feat_keys``) is ``lastCLS`` for CLASSIFIER token and
+``lastPOOL`` for CLASSIFIER gap. ``lastMAP`` is channels-first (VISSL returned
+N x h x w x D) so that the 2D pool ops of LINEAR_EVAL_FEAT_POOL_OPS_MAP apply to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from torchvision.ops import StochasticDepth
+
+from vissl.errors import ConfigError
+from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
+from vissl.models.trunks import register_model_trunk
+
+logger = logging.getLogger(__name__)
+
+_KEY = "config.MODEL.TRUNK.VISION_TRANSFORMERS"
+_FEATURES_KEY = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"
+
+#: ``name`` -> (HIDDEN_DIM, NUM_LAYERS, NUM_HEADS, MLP_DIM), as DeiT / DINO define them.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"HIDDEN_DIM": 192, "NUM_LAYERS": 12, "NUM_HEADS": 3, "MLP_DIM": 768},
+    "small": {"HIDDEN_DIM": 384, "NUM_LAYERS": 12, "NUM_HEADS": 6, "MLP_DIM": 1536},
+    "base": {"HIDDEN_DIM": 768, "NUM_LAYERS": 12, "NUM_HEADS": 12, "MLP_DIM": 3072},
+}
+
+#: The values of vissl/config/defaults.yaml, used for keys a partial config leaves out.
+DEFAULTS: dict[str, Any] = {
+    "name": None,
+    "IMAGE_SIZE": 224,
+    "PATCH_SIZE": 16,
+    "HIDDEN_DIM": 768,
+    "NUM_LAYERS": 12,
+    "NUM_HEADS": 12,
+    "MLP_DIM": 3072,
+    "DROPOUT_RATE": 0.0,
+    "ATTENTION_DROPOUT_RATE": 0.0,
+    "DROP_PATH_RATE": 0.0,
+    "QKV_BIAS": False,
+    "QK_SCALE": False,
+    "CLASSIFIER": "token",
+    "CHECKPOINT_MLP": False,
+    "CHECKPOINT_BLOCK": False,
+}
+
+CLASSIFIERS = ("token", "gap")
+LAYER_NORM_EPS = 1e-6
+
+
+# --------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class ViTSettings:
+    """Validated VISION_TRANSFORMERS values (preset applied)."""
+
+    image_size: int
+    patch_size: int
+    hidden_dim: int
+    num_layers: int
+    num_heads: int
+    mlp_dim: int
+    dropout_rate: float
+    attention_dropout_rate: float
+    drop_path_rate: float
+    qkv_bias: bool
+    qk_scale: float | None
+    classifier: str
+    checkpoint_mlp: bool
+    checkpoint_block: bool
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str) -> int:
+    value = cfg.get(key, DEFAULTS[key])
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"{_KEY}.{key} must be a positive integer; got {value!r}. "
+            f"The default is {DEFAULTS[key]}.",
+            f"{_KEY}.{key}",
+        )
+    return value
+
+
+def _rate(cfg: Mapping[str, Any], key: str) -> float:
+    value = cfg.get(key, DEFAULTS[key])
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ConfigError(
+            f"{_KEY}.{key} must be a number in [0, 1) (a probability; 0 turns it off); "
+            f"got {value!r}.",
+            f"{_KEY}.{key}",
+        )
+    return float(value)
+
+
+def _flag(cfg: Mapping[str, Any], key: str) -> bool:
+    value = cfg.get(key, DEFAULTS[key])
+    if not isinstance(value, bool):
+        raise ConfigError(f"{_KEY}.{key} must be True or False; got {value!r}.", f"{_KEY}.{key}")
+    return value
+
+
+def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
+    """Validate MODEL.TRUNK.VISION_TRANSFORMERS and apply the ``name`` preset.
+
+    With a preset, HIDDEN_DIM, NUM_LAYERS, NUM_HEADS and MLP_DIM take the preset's values;
+    a config value for one of them must then be the default (the base values) or the
+    preset's own.
+
+    Raises:
+        ConfigError: a bad value, naming its full key path and how to fix it.
+    """
+    cfg: Mapping[str, Any] = trunk_config or {}
+    sizes = {
+        key: _positive_int(cfg, key)
+        for key in ("IMAGE_SIZE", "PATCH_SIZE", "HIDDEN_DIM", "NUM_LAYERS", "NUM_HEADS", "MLP_DIM")
+    }
+    name = cfg.get("name", None)
+    if name is not None:
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ConfigError(
+                f"{_KEY}.name={name!r} is not a preset; use one of {list(PRESETS)} "
+                "(HIDDEN_DIM, NUM_LAYERS, NUM_HEADS, MLP_DIM = "
+                + ", ".join(f"{n}: {tuple(p.values())}" for n, p in PRESETS.items())
+                + "), or null to set those four keys yourself.",
+                f"{_KEY}.name",
+            )
+        for key, preset_value in PRESETS[name].items():
+            if sizes[key] not in (DEFAULTS[key], preset_value):
+                raise ConfigError(
+                    f"{_KEY}.{key}={sizes[key]} conflicts with {_KEY}.name={name!r}, whose "
+                    f"{key} is {preset_value}. Remove {key} from the config (or set it to "
+                    f"{preset_value}), or set name: null to use your own {key}.",
+                    f"{_KEY}.{key}",
+                )
+            sizes[key] = preset_value
+    if sizes["HIDDEN_DIM"] % sizes["NUM_HEADS"] != 0:
+        raise ConfigError(
+            f"{_KEY}.HIDDEN_DIM={sizes['HIDDEN_DIM']} is not divisible by "
+            f"{_KEY}.NUM_HEADS={sizes['NUM_HEADS']}; every head gets HIDDEN_DIM / NUM_HEADS "
+            "channels, so pick a NUM_HEADS that divides HIDDEN_DIM (e.g. HIDDEN_DIM / 64).",
+            f"{_KEY}.HIDDEN_DIM",
+        )
+    if sizes["IMAGE_SIZE"] % sizes["PATCH_SIZE"] != 0:
+        raise ConfigError(
+            f"{_KEY}.IMAGE_SIZE={sizes['IMAGE_SIZE']} is not divisible by "
+            f"{_KEY}.PATCH_SIZE={sizes['PATCH_SIZE']}; the image is cut into whole patches, "
+            "so make IMAGE_SIZE a multiple of PATCH_SIZE (e.g. 224 and 16, or 32 and 4).",
+            f"{_KEY}.IMAGE_SIZE",
+        )
+    classifier = cfg.get("CLASSIFIER", DEFAULTS["CLASSIFIER"])
+    if classifier not in CLASSIFIERS:
+        raise ConfigError(
+            f"{_KEY}.CLASSIFIER={classifier!r} is not supported; use 'token' (the class "
+            "token after the final LayerNorm) or 'gap' (the mean of the patch tokens).",
+            f"{_KEY}.CLASSIFIER",
+        )
+    qk_scale = cfg.get("QK_SCALE", DEFAULTS["QK_SCALE"])
+    if qk_scale is False or qk_scale is None:
+        scale: float | None = None
+    elif isinstance(qk_scale, int | float) and not isinstance(qk_scale, bool) and qk_scale > 0:
+        scale = float(qk_scale)
+    else:
+        raise ConfigError(
+            f"{_KEY}.QK_SCALE must be False (scale 1/sqrt(HIDDEN_DIM / NUM_HEADS)) or a "
+            f"positive number; got {qk_scale!r}.",
+            f"{_KEY}.QK_SCALE",
+        )
+    return ViTSettings(
+        image_size=sizes["IMAGE_SIZE"],
+        patch_size=sizes["PATCH_SIZE"],
+        hidden_dim=sizes["HIDDEN_DIM"],
+        num_layers=sizes["NUM_LAYERS"],
+        num_heads=sizes["NUM_HEADS"],
+        mlp_dim=sizes["MLP_DIM"],
+        dropout_rate=_rate(cfg, "DROPOUT_RATE"),
+        attention_dropout_rate=_rate(cfg, "ATTENTION_DROPOUT_RATE"),
+        drop_path_rate=_rate(cfg, "DROP_PATH_RATE"),
+        qkv_bias=_flag(cfg, "QKV_BIAS"),
+        qk_scale=scale,
+        classifier=str(classifier),
+        checkpoint_mlp=_flag(cfg, "CHECKPOINT_MLP"),
+        checkpoint_block=_flag(cfg, "CHECKPOINT_BLOCK"),
+    )
+
+
+# --------------------------------------------------------------------------- modules
+def _checkpointing(module: nn.Module) -> bool:
+    """Recompute activations only where they would be kept for a backward pass."""
+    return module.training and torch.is_grad_enabled()
+
+
+class PatchEmbed(nn.Module):
+    """Cut the image into ``patch_size`` squares and project each to ``embed_dim``."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, C, H, W) -> (N, H/p * W/p, D), patches in row-major order."""
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention through ``F.scaled_dot_product_attention``.
+
+    Args:
+        dim: token width D.
+        num_heads: heads; each attends in D / num_heads channels.
+        qkv_bias: biases in the q, k, v projection.
+        qk_scale: the attention-logit scale; ``None``: 1/sqrt(D / num_heads).
+        attn_drop: dropout on the attention weights (training only).
+        proj_drop: dropout after the output projection.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = False,
+        qk_scale: float | None = None,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = qk_scale if qk_scale is not None else (dim // num_heads) ** -0.5
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, length, dim = x.shape
+        qkv = self.qkv(x).reshape(n, length, 3, self.num_heads, dim // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (N, heads, L, D / heads)
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_drop if self.training else 0.0, scale=self.scale
+        )
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(n, length, dim)))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, scale={self.scale:.4g}, attn_drop={self.attn_drop}"
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU -> dropout -> fc2 -> dropout."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
+
+    Both residual branches go through stochastic depth (``drop_path``, per sample). With
+    ``checkpoint_mlp`` the MLP's activations are recomputed in the backward pass instead
+    of being stored (training with gradients only).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_dim: int,
+        qkv_bias: bool = False,
+        qk_scale: float | None = None,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        checkpoint_mlp: bool = False,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=LAYER_NORM_EPS)
+        self.attn = Attention(dim, num_heads, qkv_bias, qk_scale, attn_drop, drop)
+        self.drop_path: nn.Module = (
+            StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
+        )
+        self.norm2 = nn.LayerNorm(dim, eps=LAYER_NORM_EPS)
+        self.mlp = Mlp(dim, mlp_dim, drop)
+        self.checkpoint_mlp = checkpoint_mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        y = self.norm2(x)
+        if self.checkpoint_mlp and _checkpointing(self):
+            y = checkpoint(self.mlp, y, use_reentrant=False)
+        else:
+            y = self.mlp(y)
+        return x + self.drop_path(y)
+
+
+# --------------------------------------------------------------------------- features
+_FEATURE_NAME = re.compile(r"^(last|blk|concat)(CLS|POOL|MAP|BLK)(\d*)$")
+
+
+@dataclass(frozen=True)
+class _FeatureSpec:
+    kind: str  # CLS | POOL | MAP | BLK
+    blocks: tuple[int, ...]  # block indices whose (normed) outputs are concatenated
+
+
+def _feature_names_help(num_layers: int) -> str:
+    kinds = ("CLS", "POOL", "MAP", "BLK")
+    return (
+        ", ".join(f"last{k}" for k in kinds)
+        + "; "
+        + ", ".join(f"blk{k}<i>" for k in kinds)
+        + f" (i in 0..{num_layers - 1}); "
+        + ", ".join(f"concat{k}<n>" for k in kinds)
+        + f" (n in 1..{num_layers})"
+    )
+
+
+def parse_feature_name(name: str, num_layers: int) -> _FeatureSpec:
+    """The blocks and token selection of a VISSL ViT feature name.
+
+    Raises:
+        ConfigError: an unknown name or a block index out of range.
+    """
+    match = _FEATURE_NAME.match(name) if isinstance(name, str) else None
+    if match is not None:
+        where, kind, number = match.groups()
+        if where == "last" and not number:
+            return _FeatureSpec(kind, (num_layers - 1,))
+        if where == "blk" and number and int(number) < num_layers:
+            return _FeatureSpec(kind, (int(number),))
+        if where == "concat" and number and 1 <= int(number) <= num_layers:
+            return _FeatureSpec(kind, tuple(range(num_layers - int(number), num_layers)))
+    raise ConfigError(
+        f"vision_transformer has no feature named {name!r} (it has {num_layers} blocks). "
+        f"Available: {_feature_names_help(num_layers)}. Check the feature names in "
+        f"{_FEATURES_KEY}.",
+        _FEATURES_KEY,
+    )
+
+
+# --------------------------------------------------------------------------- trunk
+@register_model_trunk("vision_transformer")
+class VisionTransformer(nn.Module):
+    """Vision Transformer; with DROP_PATH_RATE > 0 it is a DeiT.
+
+    Args:
+        model_config: config.MODEL; reads TRUNK.VISION_TRANSFORMERS, INPUT_TYPE and
+            ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING (checkpoint every block).
+        model_name: the registry name (unused; kept for VISSL's constructor signature).
+
+    Raises:
+        ConfigError: an invalid VISION_TRANSFORMERS value (see :func:`parse_vit_config`).
+    """
+
+    #: Parameters that should get no weight decay, besides the LayerNorms and biases
+    #: (relative names, as timm's ``no_weight_decay``).
+    NO_WEIGHT_DECAY: ClassVar[frozenset[str]] = frozenset({"pos_embed", "cls_token"})
+
+    def __init__(
+        self, model_config: Mapping[str, Any], model_name: str = "vision_transformer"
+    ) -> None:
+        super().__init__()
+        self.model_config = model_config
+        self.settings = s = parse_vit_config(cfg_get(model_config, "TRUNK.VISION_TRANSFORMERS"))
+        self.input_type = cfg_get(model_config, "INPUT_TYPE", "rgb")
+        in_chans = input_channels(self.input_type)
+        self.patch_size = s.patch_size
+        self.grid_size = s.image_size // s.patch_size
+        self.embed_dim = self.num_features = self.output_dim = s.hidden_dim
+        self.classifier = s.classifier
+        self.checkpoint_blocks = s.checkpoint_block or bool(
+            cfg_get(model_config, "ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", False)
+        )
+        logger.info(
+            "Building vision_transformer: %dx%d px, patch %d, width %d, %d blocks, %d heads, "
+            "MLP %d, classifier %s",
+            s.image_size,
+            s.image_size,
+            s.patch_size,
+            s.hidden_dim,
+            s.num_layers,
+            s.num_heads,
+            s.mlp_dim,
+            s.classifier,
+        )
+
+        self.patch_embed = PatchEmbed(s.patch_size, in_chans, s.hidden_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, s.hidden_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.grid_size**2, s.hidden_dim))
+        self.pos_drop = nn.Dropout(s.dropout_rate)
+        # stochastic depth grows linearly from 0 (first block) to DROP_PATH_RATE (last)
+        rates = torch.linspace(0, s.drop_path_rate, s.num_layers, device="cpu").tolist()
+        self.blocks = nn.ModuleList(
+            Block(
+                s.hidden_dim,
+                s.num_heads,
+                s.mlp_dim,
+                qkv_bias=s.qkv_bias,
+                qk_scale=s.qk_scale,
+                drop=s.dropout_rate,
+                attn_drop=s.attention_dropout_rate,
+                drop_path=rate,
+                checkpoint_mlp=s.checkpoint_mlp and not self.checkpoint_blocks,
+            )
+            for rate in rates
+        )
+        self.norm = nn.LayerNorm(s.hidden_dim, eps=LAYER_NORM_EPS)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Truncated normal (std 0.02) for the embeddings and Linear weights, zero biases,
+        unit LayerNorms; the patch projection keeps PyTorch's default (as in DINO)."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names (relative to the trunk) of the embedding parameters to exclude from
+        weight decay, as timm's ``no_weight_decay``. LayerNorms and biases are excluded by
+        the optimizer's ``regularize_bn`` / ``regularize_bias`` settings."""
+        return set(self.NO_WEIGHT_DECAY)
+
+    # ----------------------------------------------------------------- forward
+    def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
+        """The position embedding for a ``height`` x ``width`` grid of patches.
+
+        The IMAGE_SIZE grid's patch embeddings are resized bicubically (as DINO does for
+        multi-crop); the class token's embedding is kept.
+
+        Returns:
+            (1, 1 + height * width, D).
+        """
+        if height == self.grid_size and width == self.grid_size:
+            return self.pos_embed
+        dim = self.pos_embed.shape[-1]
+        cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
+        grid = patch_pos.reshape(1, self.grid_size, self.grid_size, dim).permute(0, 3, 1, 2)
+        grid = F.interpolate(
+            grid.float(), size=(height, width), mode="bicubic", align_corners=False
+        ).to(patch_pos.dtype)
+        patch_pos = grid.permute(0, 2, 3, 1).reshape(1, height * width, dim)
+        return torch.cat((cls_pos, patch_pos), dim=1)
+
+    def prepare_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Patch embedding, class token and position embedding.
+
+        Returns:
+            The tokens (N, 1 + h*w, D) and the patch grid (h, w).
+
+        Raises:
+            ConfigError: the image sides are not multiples of PATCH_SIZE.
+        """
+        if x.ndim != 4:
+            raise ValueError(
+                f"vision_transformer expects images of shape (N, C, H, W); got {tuple(x.shape)}."
+            )
+        height, width = x.shape[-2:]
+        p = self.patch_size
+        if height % p or width % p:
+            raise ConfigError(
+                f"vision_transformer got {height}x{width} px images, but both sides must be "
+                f"multiples of {_KEY}.PATCH_SIZE={p}. Resize or crop the images to a multiple "
+                f"of {p} in the data transforms (e.g. {max(p, height // p * p)}x"
+                f"{max(p, width // p * p)}), or choose a PATCH_SIZE that divides every crop size.",
+                f"{_KEY}.PATCH_SIZE",
+            )
+        grid = (height // p, width // p)
+        tokens = self.patch_embed(x)
+        tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
+        tokens = tokens + self.interpolate_pos_encoding(*grid)
+        return self.pos_drop(tokens), grid
+
+    def _run_block(self, block: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_blocks and _checkpointing(self):
+            out = checkpoint(block, tokens, use_reentrant=False)
+            assert isinstance(out, torch.Tensor)
+            return out
+        return block(tokens)
+
+    @staticmethod
+    def _select(kind: str, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        if kind == "CLS":
+            return tokens[:, 0]
+        if kind == "POOL":
+            return tokens[:, 1:].mean(dim=1)
+        if kind == "MAP":
+            n, _, dim = tokens.shape
+            return tokens[:, 1:].transpose(1, 2).reshape(n, dim, *grid)
+        return tokens  # BLK
+
+    def default_feature_name(self) -> str:
+        """The feature returned without ``out_feat_keys``: lastCLS (token) or lastPOOL (gap)."""
+        return "lastCLS" if self.classifier == "token" else "lastPOOL"
+
+    def forward(
+        self, x: torch.Tensor, out_feat_keys: list[str] | None = None
+    ) -> list[torch.Tensor]:
+        """Return the features named in ``out_feat_keys`` (default: the CLASSIFIER output).
+
+        Blocks run only up to the deepest block a requested feature needs.
+        """
+        names = list(out_feat_keys) if out_feat_keys else [self.default_feature_name()]
+        specs = [parse_feature_name(name, len(self.blocks)) for name in names]
+        wanted = {i for spec in specs for i in spec.blocks}
+        tokens, grid = self.prepare_tokens(transform_model_input_data_type(x, self.input_type))
+        normed: dict[int, torch.Tensor] = {}
+        for i, block in enumerate(self.blocks[: max(wanted) + 1]):
+            tokens = self._run_block(block, tokens)
+            if i in wanted:
+                normed[i] = self.norm(tokens)
+        outputs = []
+        for spec in specs:
+            feats = [self._select(spec.kind, normed[i], grid) for i in spec.blocks]
+            outputs.append(
+                feats[0]
+                if len(feats) == 1
+                else torch.cat(feats, dim=1 if spec.kind == "MAP" else -1)
+            )
+        return outputs
