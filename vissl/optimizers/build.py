@@ -31,23 +31,28 @@ def build_larc(optimizer: torch.optim.Optimizer, larc_config: Mapping[str, Any])
     )
 
 
-def _initial_lrs(
+def _schedules_or_placeholders(
     optimizer_config: Mapping[str, Any], param_schedulers: ParamSchedulerSet | None
-) -> dict[str, float]:
-    if param_schedulers is None:
-        # Without the batch size the schedule cannot be auto-scaled; these are placeholders
-        # until ParamSchedulerSet.apply() sets the real values.
-        param_schedulers = build_param_schedulers(
-            _without_auto_scaling(optimizer_config), batch_size_per_replica=1, world_size=1
-        )
+) -> ParamSchedulerSet:
+    if param_schedulers is not None:
+        return param_schedulers
+    # Without the batch size the schedule cannot be auto-scaled; these are placeholders
+    # until ParamSchedulerSet.apply() sets the real values.
+    return build_param_schedulers(
+        _without_auto_scaling(optimizer_config), batch_size_per_replica=1, world_size=1
+    )
+
+
+def _initial_lrs(param_schedulers: ParamSchedulerSet) -> dict[str, float]:
     values = param_schedulers.values(0.0)
-    for name, value in values.items():
+    lrs = {name: values[name] for name in ("lr", "lr_head")}
+    for name, value in lrs.items():
         if value < 0:
             raise ConfigError(
                 f"{_PATH}.param_schedulers.{name} starts at a negative learning rate ({value}).",
                 f"{_PATH}.param_schedulers.{name}",
             )
-    return values
+    return lrs
 
 
 def _without_auto_scaling(optimizer_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,8 +79,10 @@ def build_optimizer(
         optimizer_config: ``config.OPTIMIZER``.
         model: the model (head parameters are those of ``model.heads``).
         param_schedulers: the run's schedules; their values at ``where=0`` are the initial
-            learning rates. Without them the unscaled config values are used as
-            placeholders: call ``ParamSchedulerSet.apply`` before the first step.
+            learning rates (and weight decay of the regularized groups, when
+            ``param_schedulers.weight_decay`` is set). Without them the unscaled config
+            values are used as placeholders: call ``ParamSchedulerSet.apply`` before the
+            first step.
 
     Returns:
         The torch optimizer, wrapped in :class:`LARC` when ``use_larc`` is true. Every param
@@ -94,7 +101,8 @@ def build_optimizer(
     builder = OPTIMIZER_REGISTRY.get(name)
     use_larc = get_bool(optimizer_config, "use_larc", _PATH, default=False)
     larc_config = get_section(optimizer_config, "larc_config", _PATH)
-    lrs = _initial_lrs(optimizer_config, param_schedulers)
+    schedules = _schedules_or_placeholders(optimizer_config, param_schedulers)
+    lrs = _initial_lrs(schedules)
     param_groups = get_optimizer_param_groups(
         model, optimizer_config, lr=lrs["lr"], lr_head=lrs["lr_head"]
     )
@@ -104,6 +112,12 @@ def build_optimizer(
             f"optimizer builder {name!r} ({OPTIMIZER_REGISTRY.origin(name)}) returned "
             f"{type(optimizer).__name__}, expected a torch.optim.Optimizer."
         )
+    if schedules.has_weight_decay:
+        # The regularized groups start at the weight-decay schedule's value at where=0.
+        weight_decay = schedules.values(0.0)["weight_decay"]
+        for group in optimizer.param_groups:
+            if schedules.follows_weight_decay(group):
+                group["weight_decay"] = weight_decay
     if use_larc:
         optimizer = build_larc(optimizer, larc_config)
     return optimizer

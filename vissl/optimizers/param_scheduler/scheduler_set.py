@@ -1,4 +1,4 @@
-"""``ParamSchedulerSet``: the learning-rate schedules of a run, and how they reach the optimizer.
+"""``ParamSchedulerSet``: the schedules of a run, and how they reach the optimizer.
 
 ``build_param_schedulers`` reads ``OPTIMIZER.param_schedulers.lr`` (and ``lr_head`` when
 ``head_optimizer_params.use_different_lr`` is true), applies ``auto_lr_scaling`` (see
@@ -6,10 +6,24 @@
 into each schedule (as ClassyVision does) and builds fvcore schedulers. Head param groups
 (``group["is_head"]``) follow ``lr_head``; without a separate head rate ``lr_head`` is
 ``lr`` itself, as VISSL's config inference makes it.
+
+An optional ``OPTIMIZER.param_schedulers.weight_decay`` (same scheduler names and
+``update_interval`` as ``lr``; ``auto_lr_scaling`` is refused) schedules the weight decay,
+as DINO does (cosine 0.04 -> 0.4). As in VISSL, it replaces ``OPTIMIZER.weight_decay`` for
+the regularized groups (``trunk_regularized``, the single group ``all`` of
+``construct_single_param_group_only``, and ``head_regularized`` unless
+``head_optimizer_params.use_different_wd`` gives the head its own fixed weight decay);
+unregularized groups (bn / bias / ``non_regularized_parameters``) stay at 0 and groups
+without one of these names are left alone. The schedule is a function of ``where``, so a
+resumed run gets the same values. Without the key nothing changes.
+
+``param_schedulers`` is a free-form subtree for config validation: its keys are checked
+here, and only ``lr``, ``lr_head`` and ``weight_decay`` are accepted.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,16 +31,25 @@ from fvcore.common.param_scheduler import ParamScheduler
 from torch.optim import Optimizer
 
 from vissl.config.attr_dict import AttrDict
-from vissl.errors import ConfigError
+from vissl.errors import ConfigError, UnknownKeyError
 from vissl.optimizers._checks import get_bool, get_section
-from vissl.optimizers.param_scheduler.auto_lr_scaling import apply_auto_lr_scaling
+from vissl.optimizers.param_scheduler.auto_lr_scaling import (
+    apply_auto_lr_scaling,
+    auto_scale_enabled,
+)
 from vissl.optimizers.param_scheduler.schedulers import (
     UPDATE_INTERVALS,
     build_param_scheduler,
     scheduler_update_interval,
 )
+from vissl.utils.registry import closest_match
 
 _PATH = "config.OPTIMIZER"
+#: the schedules ``OPTIMIZER.param_schedulers`` may hold.
+SCHEDULE_NAMES = ("lr", "lr_head", "weight_decay")
+#: param groups (by ``param_group_name``) whose weight decay the ``weight_decay`` schedule
+#: sets; ``head_regularized`` too unless the head has its own weight decay.
+WEIGHT_DECAY_GROUPS = ("trunk_regularized", "all")
 #: largest ``where`` passed to a scheduler: fvcore's schedulers are defined on [0, 1) and
 #: add ``WHERE_EPSILON`` before indexing, so 1.0 itself would fail.
 MAX_WHERE = 1.0 - 2 * ParamScheduler.WHERE_EPSILON
@@ -40,12 +63,16 @@ def clamp_where(where: float) -> float:
 
 
 class ParamSchedulerSet:
-    """The ``lr`` and ``lr_head`` schedules with their update intervals.
+    """The ``lr``, ``lr_head`` and optional ``weight_decay`` schedules with their intervals.
 
     Args:
-        schedulers: ``{"lr": ..., "lr_head": ...}`` fvcore schedulers.
+        schedulers: ``{"lr": ..., "lr_head": ..., "weight_decay": ...}`` fvcore schedulers
+            (``lr_head`` defaults to ``lr``; ``weight_decay`` is optional).
         update_intervals: ``"step"`` or ``"epoch"`` per name.
         configs: the resolved (auto-scaled) scheduler configs, for logging.
+        head_follows_weight_decay: whether ``head_regularized`` groups follow the
+            ``weight_decay`` schedule (false when ``head_optimizer_params.use_different_wd``
+            gives the head a fixed weight decay of its own).
     """
 
     def __init__(
@@ -53,22 +80,34 @@ class ParamSchedulerSet:
         schedulers: Mapping[str, ParamScheduler],
         update_intervals: Mapping[str, str],
         configs: Mapping[str, AttrDict] | None = None,
+        *,
+        head_follows_weight_decay: bool = True,
     ) -> None:
         if "lr" not in schedulers:
             raise ValueError("a ParamSchedulerSet needs an 'lr' scheduler.")
+        unknown = set(schedulers) - set(SCHEDULE_NAMES)
+        if unknown:
+            raise ValueError(f"unknown schedules {sorted(unknown)}; expected {SCHEDULE_NAMES}.")
         self._schedulers = dict(schedulers)
         self._schedulers.setdefault("lr_head", self._schedulers["lr"])
         self._intervals = dict(update_intervals)
         self._intervals.setdefault("lr_head", self._intervals["lr"])
-        for name, interval in self._intervals.items():
+        for name in self._schedulers:
+            interval = self._intervals.get(name)
             if interval not in UPDATE_INTERVALS:
                 raise ValueError(f"update interval of {name!r} must be 'step' or 'epoch'.")
         self.configs: dict[str, AttrDict] = dict(configs or {})
+        self.head_follows_weight_decay = bool(head_follows_weight_decay)
 
     @property
     def names(self) -> list[str]:
-        """The schedule names, ``["lr", "lr_head"]``."""
+        """The schedule names: ``["lr", "lr_head"]``, plus ``"weight_decay"`` when set."""
         return list(self._schedulers)
+
+    @property
+    def has_weight_decay(self) -> bool:
+        """Whether the weight decay is scheduled (``param_schedulers.weight_decay``)."""
+        return "weight_decay" in self._schedulers
 
     def scheduler(self, name: str) -> ParamScheduler:
         """The fvcore scheduler of ``name``."""
@@ -87,8 +126,25 @@ class ParamSchedulerSet:
         """The schedule a param group follows: ``lr_head`` for head groups, else ``lr``."""
         return "lr_head" if param_group.get("is_head", False) else "lr"
 
+    def follows_weight_decay(self, param_group: Mapping[str, Any]) -> bool:
+        """Whether the ``weight_decay`` schedule sets this group's weight decay.
+
+        True for the regularized groups (see the module docstring), by their
+        ``param_group_name``, when a weight-decay schedule is set.
+        """
+        if not self.has_weight_decay:
+            return False
+        name = param_group.get("param_group_name")
+        if name == "head_regularized":
+            return self.head_follows_weight_decay
+        return name in WEIGHT_DECAY_GROUPS
+
     def apply(self, optimizer: Optimizer, where: float, interval: str | None) -> None:
-        """Set ``param_group["lr"]`` of the groups whose schedule updates every ``interval``.
+        """Set the ``lr`` (and scheduled ``weight_decay``) of the groups due at ``interval``.
+
+        ``param_group["lr"]`` follows the group's learning-rate schedule; the
+        ``weight_decay`` of regularized groups follows the ``weight_decay`` schedule, if
+        any. Each is updated only when its schedule's update interval is ``interval``.
 
         Args:
             optimizer: the optimizer (or LARC wrapper) whose groups are updated.
@@ -99,13 +155,21 @@ class ParamSchedulerSet:
             raise ValueError(f"interval must be 'step', 'epoch' or None, got {interval!r}.")
         w = clamp_where(where)
         cache: dict[str, float] = {}
-        for group in optimizer.param_groups:
-            name = self.group_schedule_name(group)
-            if interval is not None and self._intervals[name] != interval:
-                continue
+
+        def value(name: str) -> float:
             if name not in cache:
                 cache[name] = float(self._schedulers[name](w))
-            group["lr"] = cache[name]
+            return cache[name]
+
+        schedule_wd = self.has_weight_decay and (
+            interval is None or self._intervals["weight_decay"] == interval
+        )
+        for group in optimizer.param_groups:
+            name = self.group_schedule_name(group)
+            if interval is None or self._intervals[name] == interval:
+                group["lr"] = value(name)
+            if schedule_wd and self.follows_weight_decay(group):
+                group["weight_decay"] = value("weight_decay")
 
     def __repr__(self) -> str:
         parts = ", ".join(
@@ -117,13 +181,18 @@ class ParamSchedulerSet:
 _LR_VALUE_KEYS = ("value", "start_value", "end_value", "base_value")
 
 
-def check_non_negative_lr(cfg: Mapping[str, Any], key_path: str) -> None:
-    """Raise ``ConfigError`` naming the key of any negative learning-rate value in ``cfg``."""
+def check_non_negative_lr(
+    cfg: Mapping[str, Any], key_path: str, *, what: str = "a learning rate"
+) -> None:
+    """Raise ``ConfigError`` naming the key of any negative value in the schedule ``cfg``.
+
+    ``what`` names the scheduled quantity in the message (``"a weight decay"``).
+    """
     for key in _LR_VALUE_KEYS:
         value = cfg.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
             raise ConfigError(
-                f"{key_path}.{key} is a learning rate and must be >= 0, got {value}.",
+                f"{key_path}.{key} is {what} and must be >= 0, got {value}.",
                 f"{key_path}.{key}",
             )
     values = cfg.get("values")
@@ -131,13 +200,13 @@ def check_non_negative_lr(cfg: Mapping[str, Any], key_path: str) -> None:
         for i, value in enumerate(values):
             if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(
-                    f"{key_path}.values[{i}] is a learning rate and must be >= 0, got {value}.",
+                    f"{key_path}.values[{i}] is {what} and must be >= 0, got {value}.",
                     f"{key_path}.values",
                 )
     if cfg.get("name") == "composite" and isinstance(cfg.get("schedulers"), list | tuple):
         for i, sub in enumerate(cfg["schedulers"]):
             if isinstance(sub, Mapping):
-                check_non_negative_lr(sub, f"{key_path}.schedulers[{i}]")
+                check_non_negative_lr(sub, f"{key_path}.schedulers[{i}]", what=what)
 
 
 def _build_one(
@@ -163,6 +232,47 @@ def _build_one(
     return scheduler, scheduler_update_interval(resolved, key_path), resolved
 
 
+def _build_weight_decay(
+    sched_cfg: Any, *, num_epochs: Any
+) -> tuple[ParamScheduler, str, AttrDict] | None:
+    """The ``param_schedulers.weight_decay`` schedule, or None when it is not set."""
+    key_path = f"{_PATH}.param_schedulers.weight_decay"
+    if sched_cfg is None or (isinstance(sched_cfg, Mapping) and not sched_cfg):
+        return None
+    if not isinstance(sched_cfg, Mapping):
+        raise ConfigError(
+            f"{key_path} must be a scheduler config (e.g. name: cosine, start_value: 0.04, "
+            f"end_value: 0.4), got {sched_cfg!r}; a constant weight decay is "
+            f"{_PATH}.weight_decay.",
+            key_path,
+        )
+    if auto_scale_enabled(sched_cfg, key_path):
+        raise ConfigError(
+            f"{key_path}.auto_lr_scaling.auto_scale is true: auto_lr_scaling scales learning "
+            "rates with the batch size, not weight decay. Set it to false (or leave "
+            "auto_lr_scaling out) and give the weight-decay values directly.",
+            f"{key_path}.auto_lr_scaling.auto_scale",
+        )
+    resolved = AttrDict(copy.deepcopy(dict(sched_cfg)))
+    if num_epochs is not None:
+        resolved["num_epochs"] = num_epochs
+    check_non_negative_lr(resolved, key_path, what="a weight decay")
+    scheduler = build_param_scheduler(resolved, key_path=key_path)
+    return scheduler, scheduler_update_interval(resolved, key_path), resolved
+
+
+def _check_schedule_names(schedules: Mapping[str, Any]) -> None:
+    for name in schedules:
+        if name not in SCHEDULE_NAMES:
+            close = closest_match(str(name), list(SCHEDULE_NAMES))
+            hint = f" Did you mean {close!r}?" if close else ""
+            raise UnknownKeyError(
+                f"{_PATH}.param_schedulers.{name} is not a schedule vissl knows: "
+                f"param_schedulers holds {list(SCHEDULE_NAMES)}.{hint}",
+                f"{_PATH}.param_schedulers.{name}",
+            )
+
+
 def build_param_schedulers(
     optimizer_config: Mapping[str, Any],
     *,
@@ -170,7 +280,7 @@ def build_param_schedulers(
     world_size: int,
     num_nodes: int = 1,
 ) -> ParamSchedulerSet:
-    """Build the ``lr`` (and ``lr_head``) schedules of ``config.OPTIMIZER``.
+    """Build the ``lr`` (``lr_head``, ``weight_decay``) schedules of ``config.OPTIMIZER``.
 
     Args:
         optimizer_config: ``config.OPTIMIZER``.
@@ -179,10 +289,12 @@ def build_param_schedulers(
         num_nodes: number of machines (VISSL's linear-warmup rule is per node).
 
     Raises:
-        ConfigError: a missing or invalid schedule, naming its key path.
+        ConfigError: a missing or invalid schedule, or a key of ``param_schedulers`` other
+            than ``lr``, ``lr_head`` and ``weight_decay``, naming its key path.
         UnknownNameError: an unregistered scheduler name.
     """
     schedules = get_section(optimizer_config, "param_schedulers", _PATH)
+    _check_schedule_names(schedules)
     lr_cfg = schedules.get("lr")
     if not isinstance(lr_cfg, Mapping) or not lr_cfg:
         raise ConfigError(
@@ -207,7 +319,8 @@ def build_param_schedulers(
     configs = {"lr": lr_resolved}
 
     head = get_section(optimizer_config, "head_optimizer_params", _PATH)
-    if get_bool(head, "use_different_lr", f"{_PATH}.head_optimizer_params"):
+    head_path = f"{_PATH}.head_optimizer_params"
+    if get_bool(head, "use_different_lr", head_path):
         head_cfg = schedules.get("lr_head")
         if not isinstance(head_cfg, Mapping) or not head_cfg:
             raise ConfigError(
@@ -223,4 +336,17 @@ def build_param_schedulers(
             lr_interval,
             lr_resolved,
         )
-    return ParamSchedulerSet(schedulers, intervals, configs)
+
+    weight_decay = _build_weight_decay(
+        schedules.get("weight_decay"), num_epochs=optimizer_config.get("num_epochs")
+    )
+    if weight_decay is not None:
+        schedulers["weight_decay"], intervals["weight_decay"], configs["weight_decay"] = (
+            weight_decay
+        )
+    return ParamSchedulerSet(
+        schedulers,
+        intervals,
+        configs,
+        head_follows_weight_decay=not get_bool(head, "use_different_wd", head_path),
+    )
