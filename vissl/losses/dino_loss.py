@@ -205,9 +205,9 @@ class DINOLoss(nn.Module):
             if params.get("output_dim") != out:
                 logger.info("%s.output_dim set to %d, the dino_head's num_clusters", _KEY, out)
             params["output_dim"] = out
-        head_norm = head.get("normalize_last_layer")
+        head_norm = head.get("normalize_last_layer", True)
         loss_norm = params.get("normalize_last_layer", True)
-        if head_norm is not None and bool(head_norm) != bool(loss_norm):
+        if bool(head_norm) != bool(loss_norm):
             raise ConfigError(
                 f"{_KEY}.normalize_last_layer is {loss_norm} but the dino_head in "
                 f"config.MODEL.HEAD.PARAMS has normalize_last_layer: {head_norm}; set both "

@@ -212,6 +212,8 @@ class SelfSupervisionTrainer:
             "target": list(self.cfg.DATA[split].TARGET_KEY_NAMES),
         }
         task.model.train(task.train)
+        # Losses with state (DINO's center, queues) update it in training mode only.
+        task.loss.train(task.train)
         task.local_iteration_num = 0
         task.phase_checkpoint_start = len(task.checkpoints_written)
         task.reset_phase_loss()
