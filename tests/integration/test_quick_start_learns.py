@@ -92,7 +92,16 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["digits/moco", "digits/swav", "digits/simclr_multicrop"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "digits/moco",
+        "digits/swav",
+        "digits/simclr_multicrop",
+        "digits/dino",
+        "digits/barlow_twins",
+    ],
+)
 def test_method_digits_recipe_beats_random_init_on_the_knn_probe(
     tmp_path: Path, config: str
 ) -> None:

@@ -311,5 +311,29 @@ class EmaHook(VisslHook):
         """Restore the EMA from a checkpoint (called on resume, before ``on_start``)."""
         self.ensure_model(task).load_state_dict(dict(state))
 
+    def checkpoint_entries(self, task: SelfSupervisionTask) -> dict[str, Any]:
+        """``{"ema_model": ...}`` for ``classy_state_dict``: VISSL's key, in the layout of
+        ``base_model`` (``WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model`` loads it)."""
+        from vissl.trainer.checkpointing import split_model_state
+
+        state = self.ema_state_dict()
+        if state is None:
+            return {}
+        return {"ema_model": {"model": split_model_state(state), "meta": {}}}
+
+    def restore_checkpoint_entries(
+        self, task: SelfSupervisionTask, classy_state: Mapping[str, Any]
+    ) -> None:
+        """Restore the EMA saved by :meth:`checkpoint_entries` (or warn it is missing)."""
+        from vissl.trainer.checkpointing import join_model_state
+
+        if "ema_model" in classy_state:
+            self.load_ema_state_dict(task, join_model_state(classy_state["ema_model"]["model"]))
+        else:
+            logger.warning(
+                "the checkpoint holds no EMA model (classy_state_dict.ema_model): the "
+                "HOOKS.EMA_MODEL average restarts from the restored weights."
+            )
+
 
 __all__ = ["EMA_DEVICES", "EmaHook", "ema_enabled", "update_meters_without_padding"]

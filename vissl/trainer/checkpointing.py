@@ -5,8 +5,10 @@
   ``classy_state_dict`` with ``base_model.model.{trunk,heads}``, ``optimizer``,
   ``num_updates``, ``hooks`` ...) plus what exact resume needs: every rank's RNG and
   meter states (``per_rank``), the precision state (GradScaler), whether the phase was
-  complete and its running loss, and the config as YAML. With ``HOOKS.EMA_MODEL`` on,
-  ``classy_state_dict["ema_model"]`` holds the EMA in the layout of ``base_model``.
+  complete and its running loss, and the config as YAML. A hook may add its own entries
+  to ``classy_state_dict`` (``checkpoint_entries(task) -> dict``) and read them back on
+  resume (``restore_checkpoint_entries(task, classy_state_dict)``); with
+  ``HOOKS.EMA_MODEL`` on, ``EmaHook`` adds ``"ema_model"`` in the layout of ``base_model``.
 - **Saving** (:func:`save_task_checkpoint`): collective; every hook's ``before_save(task)``
   runs first, non-finite weights are refused, rank 0 writes atomically.
   :class:`~vissl.hooks.checkpoint_hooks.CheckpointHook` only decides *when*.
@@ -72,7 +74,7 @@ def _rank_state(task: SelfSupervisionTask) -> dict[str, Any]:
     return state
 
 
-def _split_model_state(model_state: dict[str, Any]) -> dict[str, Any]:
+def split_model_state(model_state: dict[str, Any]) -> dict[str, Any]:
     """A model's flat state dict in VISSL's layout: ``{"trunk", "heads", "other"}``."""
     trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
     heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
@@ -80,19 +82,12 @@ def _split_model_state(model_state: dict[str, Any]) -> dict[str, Any]:
     return {"trunk": trunk, "heads": heads, "other": other}
 
 
-def _join_model_state(model: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`_split_model_state`."""
+def join_model_state(model: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`split_model_state`."""
     full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
     full.update({f"heads.{k}": v for k, v in model["heads"].items()})
     full.update(model.get("other", {}))
     return full
-
-
-def _ema_hook(task: SelfSupervisionTask) -> Any:
-    """The task's :class:`~vissl.hooks.ema_hook.EmaHook` (``HOOKS.EMA_MODEL``), or None."""
-    from vissl.hooks.ema_hook import EmaHook
-
-    return next((h for h in task.hooks if isinstance(h, EmaHook)), None)
 
 
 def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> dict[str, Any]:
@@ -110,7 +105,7 @@ def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> 
     loss_sum, loss_count = task.phase_loss_state()
     classy_state = {
         "train": task.train,
-        "base_model": {"model": _split_model_state(task.base_model.state_dict()), "meta": {}},
+        "base_model": {"model": split_model_state(task.base_model.state_dict()), "meta": {}},
         "meters": per_rank[0]["meters"],
         "optimizer": task.optimizer.state_dict() if task.optimizer is not None else {},
         "phase_idx": task.phase_idx,
@@ -125,12 +120,11 @@ def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> 
         "world_size": get_world_size(),
         "per_rank": per_rank,
     }
-    ema = _ema_hook(task)
-    ema_state = ema.ema_state_dict() if ema is not None else None
-    if ema_state is not None:
-        # VISSL's key and layout (that of base_model); WEIGHTS_INIT loads it with
-        # STATE_DICT_KEY_NAME: ema_model.
-        classy_state["ema_model"] = {"model": _split_model_state(ema_state), "meta": {}}
+    for hook in task.hooks:
+        # A hook's own entries of classy_state_dict (e.g. EmaHook's "ema_model").
+        entries = getattr(hook, "checkpoint_entries", None)
+        if callable(entries):
+            classy_state.update(entries(task))
     return {
         "phase_idx": task.phase_idx,
         "iteration": task.iteration,
@@ -150,16 +144,11 @@ def restore_checkpoint_state(task: SelfSupervisionTask, state: dict[str, Any]) -
     by :func:`restore_mid_phase` once the phase's data iterator exists).
     """
     classy = state["classy_state_dict"]
-    task.base_model.load_state_dict(_join_model_state(classy["base_model"]["model"]))
-    ema = _ema_hook(task)
-    if ema is not None:
-        if "ema_model" in classy:
-            ema.load_ema_state_dict(task, _join_model_state(classy["ema_model"]["model"]))
-        else:
-            logger.warning(
-                "the checkpoint holds no EMA model (classy_state_dict.ema_model): the "
-                "HOOKS.EMA_MODEL average restarts from the restored weights."
-            )
+    task.base_model.load_state_dict(join_model_state(classy["base_model"]["model"]))
+    for hook in task.hooks:
+        restore = getattr(hook, "restore_checkpoint_entries", None)
+        if callable(restore):
+            restore(task, classy)
     if task.optimizer is not None and classy.get("optimizer"):
         task.optimizer.load_state_dict(classy["optimizer"])
     task.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
