@@ -134,7 +134,8 @@ def main() -> None:
     for ckpt in (False, True):
         ips = statistics.median(x[0] for x in results[ckpt])
         peak = max(x[1] for x in results[ckpt])
-        print(f"| {'on' if ckpt else 'off'} | {ips:.1f} | {peak:.2f} |")
+        memory = "n/a (CPU)" if peak != peak else f"{peak:.2f}"
+        print(f"| {'on' if ckpt else 'off'} | {ips:.1f} | {memory} |")
 
 
 if __name__ == "__main__":
