@@ -47,3 +47,26 @@ class TrainingPreempted(VisslError):
     """
 
     exit_code = 75
+
+
+class TrainingInterrupted(VisslError):
+    """Training stopped on Ctrl-C (SIGINT) after saving a checkpoint.
+
+    Raised after ``on_end`` when a stop of kind "interrupted" ended training (the first
+    Ctrl-C, or ``task.request_stop(reason, kind="interrupted")``). The command line exits
+    with :attr:`exit_code` (130 = 128 + SIGINT, the shell's convention for Ctrl-C); running
+    it again with ``CHECKPOINT.AUTO_RESUME`` continues from the checkpoint.
+
+    Attributes:
+        auto_resume: whether ``CHECKPOINT.AUTO_RESUME`` was on (then the same command
+            resumes; otherwise it needs ``config.CHECKPOINT.AUTO_RESUME=true``).
+    """
+
+    exit_code = 130
+
+    def __init__(self, message: str, auto_resume: bool = True) -> None:
+        super().__init__(message, auto_resume)
+        self.auto_resume = auto_resume
+
+    def __str__(self) -> str:
+        return str(self.args[0])

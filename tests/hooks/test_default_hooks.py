@@ -29,6 +29,7 @@ from vissl.hooks import HookDispatcher, Priority, VisslHook, default_hook_genera
 from vissl.hooks.checkpoint_hooks import CheckpointHook, LogMetricsHook
 from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
 from vissl.hooks.state_update_hooks import CheckNanLossHook, GradClipHook
+from vissl.hooks.summary_hook import TrainingSummaryHook
 from vissl.hooks.tensorboard_hook import SSLTensorboardHook
 from vissl.trainer.precision import Precision
 from vissl.trainer.task import SelfSupervisionTask
@@ -145,6 +146,7 @@ def test_the_default_hooks_follow_the_config(tmp_path: Any) -> None:
         CheckNanLossHook,
         LogLossLrEtaHook,
         LogMetricsHook,
+        TrainingSummaryHook,
         CheckpointHook,
     ]
     cfg = tiny_config(

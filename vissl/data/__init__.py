@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import random
+import signal
 from typing import Any
 
 import numpy as np
@@ -104,8 +105,11 @@ def seed_worker(worker_id: int, *, seed: int, rank: int) -> None:
     """Seed python, numpy and torch in a data loader worker from (seed, rank, worker_id).
 
     Used as ``worker_init_fn``: random augmentations are then the same in every run
-    with the same seed, rank and number of workers.
+    with the same seed, rank and number of workers. It also ignores SIGINT: a terminal's
+    Ctrl-C reaches the loader workers too, and the trainer, which handles it, shuts them
+    down (they would otherwise die mid-batch or print KeyboardInterrupt tracebacks).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker_seed = _worker_seed(seed, rank, worker_id)
     random.seed(worker_seed)
     np.random.seed(worker_seed % 2**32)

@@ -176,6 +176,16 @@ def default_hook_generator(cfg: Any) -> list[Any]:
 
         hooks.append(ProfilingHook.from_config(cfg, folder))
     hooks.append(LogMetricsHook(folder))
+    if cfg.HOOKS.EARLY_STOPPING.ENABLE:
+        from vissl.hooks.early_stopping_hook import EarlyStoppingHook
+
+        # priority LOW + 5: after metrics.json is written, before the phase checkpoint
+        hooks.append(EarlyStoppingHook.from_config(cfg))
+    if cfg.HOOKS.SUMMARY.ENABLE:
+        from vissl.hooks.summary_hook import TrainingSummaryHook
+
+        # priority LOW - 5: writes TensorBoard's HPARAMS view before the writer closes
+        hooks.append(TrainingSummaryHook(folder, hparams=bool(cfg.HOOKS.SUMMARY.HPARAMS)))
     hooks.append(
         CheckpointHook(
             folder,

@@ -11,6 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from vissl.hooks.base import Priority, VisslHook
+from vissl.hooks.metrics import phase_metrics, phase_split
 from vissl.utils.checkpoint import remove_stale_temporary_files
 from vissl.utils.distributed import is_primary
 
@@ -18,17 +19,6 @@ if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
-
-
-def _plain(value: Any) -> Any:
-    """Meter values to JSON-able values (tensors to floats, keys to str)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-        return float(value.item())
-    return value
 
 
 class LogMetricsHook(VisslHook):
@@ -41,20 +31,14 @@ class LogMetricsHook(VisslHook):
         self.last_metrics: dict[str, Any] = {}
 
     def on_phase_end(self, task: SelfSupervisionTask) -> None:
-        split = "train" if task.train else "test"
-        record: dict[str, Any] = {
-            "iteration": task.iteration,
-            "phase_idx": task.phase_idx,
-            "train_phase_idx": task.train_phase_idx,
-            f"{split}_loss": task.phase_average_loss(),
-        }
-        for meter in task.meters:
-            value = _plain(meter.value)
-            record[f"{split}_{meter.name}"] = value
-            if is_primary():
-                logger.info("%s %s: %s", split, meter.name, value)
+        # the names are defined in one place (vissl.hooks.metrics), which early stopping
+        # and the end-of-training summary read too
+        record = phase_metrics(task)
+        split = phase_split(task)
         self.last_metrics = record
         if is_primary():
+            for meter in task.meters:
+                logger.info("%s %s: %s", split, meter.name, record[f"{split}_{meter.name}"])
             with open(
                 os.path.join(self.checkpoint_folder, "metrics.json"), "a", encoding="utf-8"
             ) as f:

@@ -165,6 +165,10 @@ class LogLossLrEtaHook(VisslHook):
                 task.phase_average_loss(),
             )
 
+    def on_end(self, task: SelfSupervisionTask) -> None:
+        # a stop mid-phase (Ctrl-C, request_stop) skips on_phase_end
+        self.on_exception(task)
+
     def on_exception(self, task: SelfSupervisionTask) -> None:
         if self._bar is not None:
             self._bar.close()

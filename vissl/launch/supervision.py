@@ -6,6 +6,12 @@
 - SIGTERM / SIGUSR1 sent to the launcher are forwarded to the workers, which checkpoint
   and exit with :attr:`TrainingPreempted.exit_code`; the launcher then raises
   :class:`~vissl.errors.TrainingPreempted`.
+- Ctrl-C (SIGINT): the workers run in process groups of their own, so a terminal's
+  Ctrl-C reaches the launcher alone, which forwards one SIGINT per key press. The first
+  makes the workers checkpoint and exit with :attr:`TrainingInterrupted.exit_code`
+  (130); the launcher then raises :class:`~vissl.errors.TrainingInterrupted`. The second
+  aborts them (SIGKILL after :data:`ABORT_GRACE_S` s) and the launcher raises
+  ``KeyboardInterrupt``; a third kills them at once.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 import torch.multiprocessing as mp
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from vissl.errors import ConfigError, TrainingPreempted, VisslError
+from vissl.errors import ConfigError, TrainingInterrupted, TrainingPreempted, VisslError
 from vissl.launch.worker import PRELOAD, Job, is_communication_error, worker_main
 
 logger = logging.getLogger(__name__)
@@ -32,6 +38,8 @@ logger = logging.getLogger(__name__)
 #: Seconds the other workers get to stop on their own after one fails, then again
 #: after SIGTERM, before SIGKILL.
 FAILURE_GRACE_S = 5.0
+#: Seconds the workers get to exit after a second Ctrl-C, before SIGKILL.
+ABORT_GRACE_S = 3.0
 
 
 class DistributedWorkerError(RuntimeError):
@@ -51,6 +59,7 @@ class WorkerGroup:
         self.start_method = start_method
         self.processes: list[Any] = []
         self.preemption_requested = False
+        self.interrupts = 0  # SIGINTs (Ctrl-C) received while waiting for the workers
 
     def start(self) -> None:
         ctx = mp.get_context(self.start_method)
@@ -115,22 +124,39 @@ class WorkerGroup:
         # Killed by the signal we forwarded before the trainer could handle it.
         return self.preemption_requested and code is not None and code < 0
 
+    def _is_interrupted_exit(self, code: int | None) -> bool:
+        if code == TrainingInterrupted.exit_code:
+            return True
+        # Killed after a second Ctrl-C.
+        return self.interrupts > 1 and code is not None and code < 0
+
     def _failed(self) -> list[Any]:
+        if self.interrupts > 1:
+            return []  # aborted by the user: whatever the workers died of is no failure
         return [
             p
             for p in self.processes
-            if p.exitcode not in (None, 0) and not self._is_preempted_exit(p.exitcode)
+            if p.exitcode not in (None, 0)
+            and not self._is_preempted_exit(p.exitcode)
+            and not self._is_interrupted_exit(p.exitcode)
         ]
 
     def join(self) -> None:
         """Wait for the workers; raise on failure or preemption."""
         with self._forward_signals():
             while self.alive() and not self._failed():
+                if self.interrupts > 1:
+                    if not self.wait(ABORT_GRACE_S):
+                        self.send(signal.SIGKILL)
+                        self.wait(FAILURE_GRACE_S)
+                    break
                 multiprocessing.connection.wait([p.sentinel for p in self.alive()], timeout=1.0)
             if self._failed() and self.alive():
                 # Give the others a moment to notice (gloo fails fast on a dead peer).
                 if not self.wait(FAILURE_GRACE_S):
                     self.stop()
+        if self.interrupts > 1:
+            raise KeyboardInterrupt
         failed = self._failed()
         if failed:
             raise self._failure(failed)
@@ -138,6 +164,12 @@ class WorkerGroup:
             raise TrainingPreempted(
                 f"the workers of node {self.job.ctx.node_id} stopped for preemption after "
                 "saving a checkpoint"
+            )
+        if any(self._is_interrupted_exit(p.exitcode) for p in self.processes):
+            raise TrainingInterrupted(
+                f"training interrupted (Ctrl-C): the workers of node {self.job.ctx.node_id} "
+                f"stopped; checkpoints are in {self.job.ctx.checkpoint_folder}",
+                auto_resume=bool(self.job.ctx.cfg.CHECKPOINT.AUTO_RESUME),
             )
 
     @contextmanager
@@ -150,7 +182,16 @@ class WorkerGroup:
             logger.warning("%s received: forwarding it to the workers", signal.Signals(signum).name)
             self.request_preemption(signum)
 
+        def interrupt(signum: int, frame: Any) -> None:
+            self.interrupts += 1
+            if self.interrupts > 2:
+                self.send(signal.SIGKILL)
+                raise KeyboardInterrupt
+            self.send(signal.SIGINT)  # the workers log what it does
+
         previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGUSR1)}
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
         try:
             yield
         finally:

@@ -26,8 +26,9 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from vissl.engines import run_engine_in_context
 from vissl.engines.run_context import RunContext
-from vissl.errors import TrainingPreempted, VisslError
+from vissl.errors import TrainingInterrupted, TrainingPreempted, VisslError
 from vissl.launch.rendezvous import Rendezvous, init_process_group
+from vissl.trainer.stopping import aborted_by_user
 from vissl.utils.imports import VISSL_PLUGIN_PACKAGES, import_plugins
 
 logger = logging.getLogger(__name__)
@@ -121,13 +122,22 @@ def _die_with_parent() -> None:
 
 
 def _reset_worker_signals() -> None:
-    # The launcher forwards preemption signals; until the trainer installs its own
-    # handlers, they have their default effect here. A fork inherits the parent's
+    # The launcher forwards preemption signals and Ctrl-C; until the trainer installs its
+    # own handlers, they have their default effect here. A fork inherits the parent's
     # Python handlers (e.g. submitit's), which must not run in a worker.
     for name in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGCONT"):
         signum = getattr(signal, name, None)
         if signum is not None:
             signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground process
+    # group) reaches the launcher alone, which forwards exactly one SIGINT per key press.
+    # Otherwise each worker would get two (the terminal's and the forwarded one) and
+    # take the first Ctrl-C for the second, which aborts.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     if "SUBMITIT_EXECUTOR" in os.environ:
         # submitit's preemption signal is handled by the launcher, not by workers.
         name = "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
@@ -172,7 +182,9 @@ def worker_main(local_rank: int, job: Job) -> None:
     """Entry point of a spawned worker: set up, join the group, run the engine.
 
     Exit codes: 0 done, :attr:`TrainingPreempted.exit_code` stopped for preemption after
-    a checkpoint, 1 failed (the traceback goes to stderr and to the error file).
+    a checkpoint, :attr:`TrainingInterrupted.exit_code` (130) stopped by Ctrl-C (after a
+    checkpoint, or at once on a second Ctrl-C), 1 failed (the traceback goes to stderr
+    and to the error file).
     """
     _die_with_parent()
     _reset_worker_signals()
@@ -191,9 +203,17 @@ def worker_main(local_rank: int, job: Job) -> None:
         run_engine_in_context(ctx)
     except TrainingPreempted:
         code = TrainingPreempted.exit_code
+    except TrainingInterrupted:
+        code = TrainingInterrupted.exit_code
     except SystemExit:
         raise
     except BaseException as err:
+        if isinstance(err, KeyboardInterrupt) or aborted_by_user():
+            # Ctrl-C before training started, or a second one (then a peer's abort may
+            # surface here as a communication error): not a failure to report
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(TrainingInterrupted.exit_code)
         record_error(err)
         print(
             f"vissl: rank {rank} (node {ctx.node_id}, local rank {local_rank}) failed:\n"

@@ -207,7 +207,11 @@ def restore_mid_phase(task: SelfSupervisionTask) -> None:
     if pending is None:
         return
     task.local_iteration_num = pending["start_iter"]
-    task.set_phase_loss(float(pending["phase_loss"]["sum"]), int(pending["phase_loss"]["count"]))
+    loss_count = pending["phase_loss"]["count"]  # a total weight (float) with loss_weight
+    task.set_phase_loss(
+        float(pending["phase_loss"]["sum"]),
+        loss_count if isinstance(loss_count, int) else float(loss_count),
+    )
     for meter, meter_state in zip(task.meters, pending["meters"], strict=False):
         if hasattr(meter, "load_state_dict") and meter_state:
             meter.load_state_dict(meter_state)

@@ -1,7 +1,8 @@
-"""Stopping early, agreed by every rank: preemption signals and stop requests.
+"""Stopping early, agreed by every rank: preemption signals, Ctrl-C and stop requests.
 
-A stop is asked for locally: SIGTERM / SIGUSR1 (preemption: the job is requeued), or a
-hook setting ``task.stop_training`` (e.g. a profiler done with its window, early
+A stop is asked for locally: SIGTERM / SIGUSR1 (preemption: the job is requeued), SIGINT
+(Ctrl-C: the run is interrupted), or a hook calling ``task.request_stop(reason, kind)``
+or setting ``task.stop_training`` (e.g. a profiler done with its window, early
 stopping). With several processes a rank that stops alone would leave the others hanging
 in a collective, so the ranks agree first, without a collective or a host read per step:
 
@@ -13,6 +14,17 @@ in a collective, so the ranks agree first, without a collective or a host read p
   anyway).
 
 One process needs no agreement: the flag is read every step (a Python attribute).
+
+The flags are ordered by urgency and the all-reduce keeps the largest, so every rank
+ends with the same, most urgent kind (``task.stop_kind``): requested < early_stop <
+interrupted < preempted.
+
+Ctrl-C: the first SIGINT asks for a stop of kind "interrupted" (the current step
+finishes, a checkpoint is written, the process exits with
+:attr:`~vissl.errors.TrainingInterrupted.exit_code` 130); a second one raises
+``KeyboardInterrupt`` at once (no checkpoint), and from then on SIGINT kills the
+process. A SIGINT that was ignored when training started (``SIG_IGN``, e.g. a background
+job of a script) stays ignored.
 """
 
 from __future__ import annotations
@@ -35,7 +47,22 @@ logger = logging.getLogger(__name__)
 
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
 #: Flag values; the all-reduce keeps the largest, so preemption wins over a plain stop.
-NO_STOP, STOP, PREEMPT = 0, 1, 2
+NO_STOP, STOP, EARLY_STOP, INTERRUPT, PREEMPT = 0, 1, 2, 3, 4
+#: ``task.stop_kind`` of each flag, and back.
+KIND_OF_FLAG = {
+    STOP: "requested",
+    EARLY_STOP: "early_stop",
+    INTERRUPT: "interrupted",
+    PREEMPT: "preempted",
+}
+FLAG_OF_KIND = {kind: flag for flag, kind in KIND_OF_FLAG.items()}
+
+_aborted = False
+
+
+def aborted_by_user() -> bool:
+    """Whether a second Ctrl-C aborted training in this process (no checkpoint)."""
+    return _aborted
 
 
 class StopController:
@@ -49,6 +76,7 @@ class StopController:
         self.check_every = max(1, int(check_every))
         self.preempted = False
         self.signal_name = ""
+        self.interrupts = 0  # SIGINTs received while installed
         self._previous: dict[int, Any] = {}
         self._group: Any = None
         self._steps = 0
@@ -61,13 +89,35 @@ class StopController:
         self.signal_name = signal.Signals(signum).name
         logger.warning("%s received: training stops after the current step", self.signal_name)
 
+    def _on_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        global _aborted
+        self.interrupts += 1
+        if self.interrupts > 1:
+            _aborted = True
+            # a third Ctrl-C kills the process even if the abort itself is stuck
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            logger.warning("second Ctrl-C: aborting now, without saving a checkpoint")
+            raise KeyboardInterrupt
+        logger.warning(
+            "Ctrl-C (SIGINT) received: training stops after the current step and saves a "
+            "checkpoint; press Ctrl-C again to abort at once"
+        )
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupts > 0
+
     def install(self) -> None:
         """Install the signal handlers (main thread only) and the agreement group."""
+        global _aborted
+        _aborted = False
         if threading.current_thread() is threading.main_thread():
             for name in PREEMPTION_SIGNALS:
                 signum = getattr(signal, name, None)
                 if signum is not None:
                     self._previous[signum] = signal.signal(signum, self._on_signal)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
         if get_world_size() > 1:
             # A CPU group: the flag never touches the accelerator (NCCL needs GPU tensors).
             self._group = (
@@ -85,25 +135,38 @@ class StopController:
 
     # ------------------------------------------------------------------ flags
     def _local_flag(self, task: SelfSupervisionTask) -> int:
-        if self.preempted:
-            return PREEMPT
-        return STOP if task.stop_training else NO_STOP
+        flag = PREEMPT if self.preempted else INTERRUPT if self.interrupted else NO_STOP
+        if task.stop_training:
+            # a hook that only set ``stop_training`` asked for a plain ("requested") stop
+            kind = getattr(task, "stop_kind", "") or "requested"
+            flag = max(flag, FLAG_OF_KIND.get(kind, STOP))
+        return flag
 
     def _decide(self, task: SelfSupervisionTask, agreed: int) -> int:
         """Record on the task what every rank agreed; returns the agreed flag."""
+        if agreed == NO_STOP:
+            return agreed
         if agreed == PREEMPT and not self.preempted:
-            self.preempted, self.signal_name = True, "preemption (another rank)"
-        if agreed != NO_STOP and not task.stop_training:
+            self.preempted = True
+            self.signal_name = self.signal_name or (
+                "a stop request (preempted)" if task.stop_training else "preemption (another rank)"
+            )
+        if not task.stop_training:
             task.stop_training = True
             task.stop_training_reason = task.stop_training_reason or (
-                "another rank asked to stop" if agreed == STOP else self.signal_name
+                "Ctrl-C (SIGINT)"
+                if agreed == INTERRUPT and self.interrupted
+                else self.signal_name
+                if agreed == PREEMPT
+                else f"another rank asked to stop ({KIND_OF_FLAG[agreed]})"
             )
+        task.stop_kind = KIND_OF_FLAG[agreed]
         return agreed
 
     def after_step(self, task: SelfSupervisionTask) -> int:
-        """The agreed flag after a step (NO_STOP, STOP or PREEMPT); cheap every step."""
+        """The agreed flag after a step (NO_STOP or a stop flag); cheap every step."""
         if self._group is None:
-            return self._local_flag(task)
+            return self._decide(task, self._local_flag(task))
         self._steps += 1
         if self._steps % self.check_every:
             return NO_STOP
@@ -120,7 +183,7 @@ class StopController:
     def at_phase_end(self, task: SelfSupervisionTask) -> int:
         """The agreed flag at a phase end (blocking with several processes)."""
         if self._group is None:
-            return self._local_flag(task)
+            return self._decide(task, self._local_flag(task))
         agreed = NO_STOP
         if self._pending is not None:
             self._pending.wait()

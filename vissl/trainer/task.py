@@ -28,6 +28,11 @@ from vissl.utils.sync_bn import convert_sync_batchnorm
 
 logger = logging.getLogger(__name__)
 
+#: ``request_stop`` kinds, least urgent first (a more urgent request overrides the kind).
+STOP_KINDS = ("requested", "early_stop", "interrupted", "preempted")
+#: ``end_reason`` values: how training ended.
+END_REASONS = ("finished", *STOP_KINDS, "error")
+
 
 def build_phases(config: AttrDict) -> list[dict[str, bool]]:
     """Train phases from OPTIMIZER.num_epochs, with test phases per TEST_EVERY_NUM_EPOCH."""
@@ -103,12 +108,24 @@ class SelfSupervisionTask:
         self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
         self.grad_accumulation_steps = int(config.OPTIMIZER.GRAD_ACCUMULATION_STEPS)
         self.micro_step = 0
-        # a hook may set these to end training cleanly after the current step
+        # a hook may set these (or call request_stop) to end training after the current step
         self.stop_training = False
         self.stop_training_reason = ""
+        #: The train step object the trainer calls (set by the trainer; hooks may read it,
+        #: e.g. for its ``dump_hparams()``).
+        self.train_step: Any = None
+        #: why a stop was asked for: one of STOP_KINDS ("requested" when a hook only set
+        #: ``stop_training``); the trainer turns it into ``end_reason``
+        self.stop_kind = ""
+        #: how training ended, set by the trainer before ``on_end`` ("finished",
+        #: "early_stop", "preempted", "interrupted", "requested") or ``on_exception``
+        #: ("error"); empty while training runs
+        self.end_reason = ""
         self.channels_last = bool(config.MODEL.CHANNELS_LAST)
         self._phase_loss_sum: torch.Tensor | None = None
-        self._phase_loss_count = 0
+        # steps without a loss_weight (weight 1 each); a float after a weighted resume
+        self._phase_loss_count: float = 0
+        self._phase_loss_weight: torch.Tensor | None = None  # total loss_weight, on the device
         self.pending_resume: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ building
@@ -259,32 +276,88 @@ class SelfSupervisionTask:
     def run_hooks(self, event: str) -> None:
         self.dispatcher.run(event, self)
 
+    def request_stop(self, reason: str, kind: str = "requested") -> None:
+        """Ask training to stop after the current step, as setting ``stop_training`` does.
+
+        Every rank agrees on the stop, an iteration checkpoint is written (a phase
+        checkpoint at a phase end), ``end_reason`` is set to ``kind`` and ``on_end`` runs.
+        Safe to call from a hook or a signal handler; the first request's reason is kept.
+
+        Args:
+            reason: a human-readable reason, logged and kept in ``stop_training_reason``.
+            kind: one of ``STOP_KINDS``: "requested", "early_stop", "interrupted" or
+                "preempted" ("preempted" exits with code 75 so the job is requeued).
+
+        Raises:
+            ValueError: ``kind`` is not one of ``STOP_KINDS``.
+        """
+        if kind not in STOP_KINDS:
+            raise ValueError(f"request_stop: unknown kind {kind!r}; expected one of {STOP_KINDS}")
+        if not self.stop_training_reason:
+            self.stop_training_reason = reason
+        # the more urgent kind wins (a Ctrl-C after an early stop still reads "interrupted")
+        if STOP_KINDS.index(kind) >= STOP_KINDS.index(self.stop_kind or "requested"):
+            self.stop_kind = kind
+        self.stop_training = True
+
     # ------------------------------------------------------------------ phase losses
     def reset_phase_loss(self) -> None:
         self._phase_loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         self._phase_loss_count = 0
+        self._phase_loss_weight = None
 
-    def accumulate_loss(self, loss: torch.Tensor) -> None:
-        """Add a (detached, rank-averaged) loss to this phase's running sum, on the device."""
+    def accumulate_loss(self, loss: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        """Add a step's (detached, rank-reduced) loss to this phase's running sum, on the device.
+
+        Args:
+            loss: the step's loss; with ``weight``, its weighted mean over micro-batches
+                and ranks.
+            weight: the step's total ``loss_weight`` (a device tensor), or None: the step
+                counts with weight 1. The phase average is ``sum(loss * weight) /
+                sum(weight)``.
+        """
         if self._phase_loss_sum is None:
             self.reset_phase_loss()
         assert self._phase_loss_sum is not None
-        self._phase_loss_sum.add_(loss.float())
-        self._phase_loss_count += 1
+        if weight is None:
+            self._phase_loss_sum.add_(loss.float())
+            self._phase_loss_count += 1
+            return
+        weight = weight.detach().float()
+        self._phase_loss_sum.add_(loss.float() * weight)
+        if self._phase_loss_weight is None:
+            self._phase_loss_weight = weight.clone()
+        else:
+            self._phase_loss_weight.add_(weight)
+
+    def _phase_loss_totals(self) -> tuple[float, float]:
+        """``(sum, total weight)`` of the phase so far (reads the device once)."""
+        if self._phase_loss_sum is None:
+            return 0.0, self._phase_loss_count
+        if self._phase_loss_weight is None:
+            return float(self._phase_loss_sum.item()), self._phase_loss_count
+        total, weight = torch.stack([self._phase_loss_sum, self._phase_loss_weight]).tolist()
+        return total, self._phase_loss_count + weight
 
     def phase_average_loss(self) -> float:
-        """Mean loss of the phase so far (reads the device once)."""
-        if self._phase_loss_sum is None or self._phase_loss_count == 0:
+        """(Weighted) mean loss of the phase so far (reads the device once)."""
+        if self._phase_loss_sum is None:
             return float("nan")
-        return float(self._phase_loss_sum.item()) / self._phase_loss_count
+        total, count = self._phase_loss_totals()
+        if count == 0:
+            return float("nan")
+        return total / count
 
     # ------------------------------------------------------------------ state
-    def phase_loss_state(self) -> tuple[float, int]:
-        """``(sum, count)`` of this phase's losses so far (reads the device once)."""
-        total = float(self._phase_loss_sum.item()) if self._phase_loss_sum is not None else 0.0
-        return total, self._phase_loss_count
+    def phase_loss_state(self) -> tuple[float, float]:
+        """``(sum, count)`` of this phase's losses so far (reads the device once).
 
-    def set_phase_loss(self, total: float, count: int) -> None:
+        ``count`` is the number of steps (an int) when no step had a ``loss_weight``, else
+        the total weight (a float; steps without one count 1).
+        """
+        return self._phase_loss_totals()
+
+    def set_phase_loss(self, total: float, count: float) -> None:
         """Restore this phase's running loss (mid-phase resume)."""
         self.reset_phase_loss()
         assert self._phase_loss_sum is not None

@@ -10,13 +10,18 @@ The loop::
         until the data iterator is exhausted or every rank agreed to stop:
             task = step(task); iteration += 1 (train); on_step
         meters synced across ranks; barrier; on_phase_end
-    on_end
-    (on any exception: on_exception, then re-raise)
+    task.end_reason = "finished" (or the stop's kind); on_end
+    (on any exception: task.end_reason = "error", on_exception, then re-raise)
 
-A stop (SIGTERM/SIGUSR1, or a hook setting ``task.stop_training``) is agreed by every
-rank (:mod:`vissl.trainer.stopping`), then a checkpoint is written
-(:mod:`vissl.trainer.checkpointing`) before training ends; a preemption then raises
-:class:`~vissl.errors.TrainingPreempted` so the job is requeued.
+A stop (SIGTERM/SIGUSR1, Ctrl-C, or a hook calling ``task.request_stop`` / setting
+``task.stop_training``) is agreed by every rank (:mod:`vissl.trainer.stopping`), then a
+checkpoint is written (:mod:`vissl.trainer.checkpointing`) before training ends and
+``on_end`` runs with ``task.end_reason`` set to the stop's kind ("requested",
+"early_stop", "interrupted", "preempted"). After ``on_end`` a preemption raises
+:class:`~vissl.errors.TrainingPreempted` (exit code 75: the job is requeued) and a
+Ctrl-C :class:`~vissl.errors.TrainingInterrupted` (exit code 130). A second Ctrl-C
+raises ``KeyboardInterrupt`` at once: ``on_exception`` runs with ``end_reason``
+"interrupted", and no checkpoint is written.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 import torch
 
 from vissl.config.attr_dict import AttrDict
-from vissl.errors import TrainingPreempted
+from vissl.errors import TrainingInterrupted, TrainingPreempted
 from vissl.hooks.base import HookDispatcher
 from vissl.trainer.checkpointing import (
     restore_mid_phase,
@@ -99,6 +104,7 @@ class SelfSupervisionTrainer:
         # Look the step up first: a misspelt name fails before any data is read.
         step = get_train_step(self.cfg.TRAINER.TRAIN_STEP_NAME)
         task = self.build_task(step)
+        task.train_step = step
         self.task = task
         if is_primary():
             logger.info(
@@ -110,6 +116,7 @@ class SelfSupervisionTrainer:
             else 0
         )
         stopper = StopController(check_every=STOP_CHECK_EVERY)
+        stopped = False
         try:
             stopper.install()
             task.run_hooks("on_start")
@@ -136,18 +143,26 @@ class SelfSupervisionTrainer:
                     agreed = stopper.after_step(task)
                 if agreed != NO_STOP:
                     self._stop(task, stopper, mid_phase=True)
+                    stopped = True
                     break
                 for meter in task.meters:
                     meter.sync_state()
                 barrier()
                 task.run_hooks("on_phase_end")
-                if stopper.at_phase_end(task) != NO_STOP:
+                # (a stop agreed at the end of the last phase changes nothing: it finished)
+                last = task.phase_idx + 1 == len(task.phases)
+                if stopper.at_phase_end(task) != NO_STOP and not last:
                     self._stop(task, stopper, mid_phase=False)
+                    stopped = True
                     break
+            task.end_reason = task.stop_kind if stopped else "finished"
             task.run_hooks("on_end")
-        except TrainingPreempted:
+            self._raise_for_exit_code(task, stopper)
+        except (TrainingPreempted, TrainingInterrupted):
             raise
-        except BaseException:
+        except BaseException as err:
+            # KeyboardInterrupt: a second Ctrl-C, or Ctrl-C outside the handled window
+            task.end_reason = "interrupted" if isinstance(err, KeyboardInterrupt) else "error"
             try:
                 task.run_hooks("on_exception")
             except Exception:  # never hide the original error
@@ -158,12 +173,10 @@ class SelfSupervisionTrainer:
         return task
 
     def _stop(self, task: SelfSupervisionTask, stopper: StopController, mid_phase: bool) -> None:
-        """Every rank agreed to stop: checkpoint, then end training (or raise for requeue).
+        """Every rank agreed to stop: checkpoint and log; training then ends.
 
         Mid-phase in a train phase an iteration checkpoint is written; at the end of a
-        train phase a phase checkpoint, unless the checkpoint hook just wrote one. A
-        preemption raises :class:`TrainingPreempted` (exit code 75: requeue); any other
-        stop ends training normally.
+        train phase a phase checkpoint, unless the checkpoint hook just wrote one.
         """
         path = None
         if task.train and mid_phase:
@@ -172,7 +185,7 @@ class SelfSupervisionTrainer:
             path = save_task_checkpoint(task, f"model_phase{task.phase_idx}.torch", True)
         where = f"iteration {task.iteration} (phase {task.phase_idx})"
         saved = f"; saved {path}" if path else ""
-        if stopper.preempted:
+        if task.stop_kind == "preempted":
             logger.warning(
                 "%s received: stopped after %s%s; exiting with code %d so the job can be "
                 "requeued (AUTO_RESUME continues from the newest checkpoint).",
@@ -181,15 +194,40 @@ class SelfSupervisionTrainer:
                 saved,
                 TrainingPreempted.exit_code,
             )
-            raise TrainingPreempted(
-                f"training stopped by {stopper.signal_name} at iteration {task.iteration}"
+            return
+        if task.stop_kind == "interrupted":
+            resume = (
+                "run the same command again to resume"
+                if self.cfg.CHECKPOINT.AUTO_RESUME
+                else "run the same command with config.CHECKPOINT.AUTO_RESUME=true to resume"
             )
+            logger.warning(
+                "%s: stopped after %s%s; exiting with code %d: %s.",
+                task.stop_training_reason,
+                where,
+                saved,
+                TrainingInterrupted.exit_code,
+                resume,
+            )
+            return
         logger.info(
             "training stopped at %s: %s%s",
             where,
             task.stop_training_reason or "a hook asked to stop",
             saved,
         )
+
+    def _raise_for_exit_code(self, task: SelfSupervisionTask, stopper: StopController) -> None:
+        """After ``on_end``: a preemption or a Ctrl-C ends the process with its exit code."""
+        if task.end_reason == "preempted":
+            raise TrainingPreempted(
+                f"training stopped by {stopper.signal_name} at iteration {task.iteration}"
+            )
+        if task.end_reason == "interrupted":
+            raise TrainingInterrupted(
+                f"training interrupted at iteration {task.iteration}: {task.stop_training_reason}",
+                auto_resume=bool(self.cfg.CHECKPOINT.AUTO_RESUME),
+            )
 
     def _advance_phase(self, task: SelfSupervisionTask) -> None:
         task.phase_idx += 1

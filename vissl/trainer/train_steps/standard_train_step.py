@@ -9,11 +9,31 @@ Order (hooks in brackets; a perf timer wraps each section)::
 Precision (autocast, loss scaling) and gradient reduction (DDP, manual all-reduce) are
 strategy objects on the task; this step never branches on them. Nothing is read back from
 the device here: the loss stays a tensor (hooks read it every LOG_FREQUENCY iterations).
+
+Weighted losses: a loss may return ``{"loss": l, "loss_weight": w, ...}`` (e.g. ``w`` = the
+number of valid samples). The step then trains on, and logs, the weighted mean
+``sum(w_i * l_i) / sum(w_i)`` over all micro-batches of the step and all ranks:
+
+- each micro-batch backpropagates ``w_i * l_i`` (not ``l_i / k``), and the step keeps the
+  local sums ``[sum w_i * l_i, sum w_i]`` on the device;
+- after the last micro-batch one small all-reduce (SUM) of those two numbers gives the
+  global ``S`` and ``W``; the logged loss (``task.last_batch.loss``) is ``S / W`` and
+  ``task.last_batch.loss_weight`` is ``W``;
+- the reducer has averaged the gradients over ranks, so they are multiplied by
+  ``world_size / W`` (one ``torch._foreach_mul_`` per device, no host read) before
+  ``on_backward``, i.e. before gradient clipping and before a GradScaler unscales them
+  (a positive factor commutes with the unscale and keeps infs infs). A step whose total
+  weight is 0 is not rescaled (its gradients are zero).
+
+A loss without ``loss_weight`` takes exactly the unweighted path (``l / k`` per
+micro-batch, the plain mean over ranks): results are bitwise those of a plain loss.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,24 +41,71 @@ import torch
 
 from vissl.data.batch import construct_sample_for_model, move_to_device, to_channels_last
 from vissl.trainer.train_steps import register_train_step
-from vissl.utils.distributed import all_reduce_mean, get_world_size
+from vissl.utils.distributed import all_reduce_mean, all_reduce_sum, get_world_size
 from vissl.utils.perf_stats import perf_timer
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
 
 
-class LastBatchInfo:
-    """What the last step saw and produced (``task.last_batch``)."""
+_TINY = torch.finfo(torch.float32).tiny
+# Entries of a dict loss that are not logged as ``loss.<key>`` extras.
+_RESERVED_LOSS_KEYS = ("loss", "loss_weight")
 
-    __slots__ = ("loss", "loss_extras", "model_output", "sample", "target")
+
+class LastBatchInfo:
+    """What the last step saw and produced (``task.last_batch``).
+
+    ``loss_weight`` is None unless the loss returned one. During a micro-batch it is that
+    micro-batch's local weight; after the step, the step's total weight over all its
+    micro-batches and ranks (a float32 device tensor).
+    """
+
+    __slots__ = ("loss", "loss_extras", "loss_weight", "model_output", "sample", "target")
 
     def __init__(self) -> None:
         self.sample: dict[str, Any] = {}
         self.model_output: Any = None
         self.loss: torch.Tensor | None = None
         self.loss_extras: dict[str, torch.Tensor] = {}
+        self.loss_weight: torch.Tensor | None = None
         self.target: Any = None
+
+
+def as_loss_weight(value: Any, loss: torch.Tensor, loss_name: str) -> torch.Tensor:
+    """A loss's ``loss_weight`` as a detached float32 0-d tensor on the loss's device.
+
+    A Python number (or a CPU tensor, read for free) must be finite and non-negative. A
+    one-element tensor on an accelerator is not checked: reading it would make the host
+    wait for the device every step. There, a negative weight silently skews the mean and
+    a non-finite one makes the logged loss non-finite (``HOOKS.CHECK_NAN`` reports it).
+
+    Raises:
+        TypeError: not a real number or a one-element real tensor.
+        ValueError: a negative or non-finite number.
+    """
+    fix = (
+        "loss_weight must be a finite number >= 0 (e.g. the number of valid samples), as a "
+        "Python number or a one-element real tensor."
+    )
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+            raise TypeError(
+                f"loss {loss_name} returned loss_weight=<tensor of shape {tuple(value.shape)}, "
+                f"dtype {value.dtype}>: {fix}"
+            )
+        if value.device.type != "cpu":
+            return value.detach().reshape(()).to(device=loss.device, dtype=torch.float32)
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"loss {loss_name} returned loss_weight={value!r} (a {type(value).__name__}): {fix}"
+        )
+    weight = float(value)
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"loss {loss_name} returned loss_weight={value!r}: {fix}")
+    # A fill kernel, not a host-to-device copy: no synchronisation.
+    return torch.full((), weight, dtype=torch.float32, device=loss.device)
 
 
 @register_train_step("standard_train_step")
@@ -51,6 +118,8 @@ class StandardTrainStep:
         accumulation = task.grad_accumulation_steps if task.train else 1
         with perf_timer("train_step_total", stats):
             step_loss: torch.Tensor | None = None  # sum of the micro-batches' logged losses
+            # Weighted losses only: this rank's [sum w_i * loss_i, sum w_i] over micro-batches.
+            weighted: torch.Tensor | None = None
             for micro in range(accumulation):
                 task.micro_step = micro
                 try:
@@ -59,16 +128,34 @@ class StandardTrainStep:
                     if micro > 0:  # the data ended inside an accumulation: drop it
                         task.optimizer.zero_grad(set_to_none=True)
                     raise
-                if accumulation > 1:
+                weight = task.last_batch.loss_weight
+                if micro > 0 and (weight is None) != (weighted is None):
+                    raise ValueError(
+                        f"loss {type(task.loss).__name__} returned loss_weight for some "
+                        "micro-batches of an accumulated step but not for others: return it "
+                        "for every batch or for none."
+                    )
+                if weight is not None:
+                    term = torch.stack([(local_loss.detach().float() * weight).reshape(()), weight])
+                    weighted = term if weighted is None else weighted.add_(term)
+                elif accumulation > 1:
                     logged = task.last_batch.loss
                     step_loss = logged.clone() if step_loss is None else step_loss.add_(logged)
                 if task.train:
                     with perf_timer("backward", stats):
                         self.backward(task, local_loss)
-            if step_loss is not None:
-                # The step's loss is the mean over its micro-batches, not the last one's.
-                task.last_batch.loss = step_loss.div_(accumulation)
-            task.accumulate_loss(task.last_batch.loss)
+            if weighted is not None:
+                with perf_timer("loss_all_reduce", stats):
+                    total_weight = self._reduce_weighted_loss(task, weighted)
+                task.accumulate_loss(task.last_batch.loss, weight=total_weight)
+                if task.train:
+                    with perf_timer("backward", stats):
+                        self._normalize_weighted_gradients(task, total_weight)
+            else:
+                if step_loss is not None:
+                    # The step's loss is the mean over its micro-batches, not the last one's.
+                    task.last_batch.loss = step_loss.div_(accumulation)
+                task.accumulate_loss(task.last_batch.loss)
             if task.train:
                 task.run_hooks("on_backward")
                 with perf_timer("optimizer_step", stats):
@@ -89,6 +176,7 @@ class StandardTrainStep:
             task.last_batch.model_output = model_output
             task.run_hooks("on_forward")
 
+            task.last_batch.loss_weight = None
             with perf_timer("loss_compute", stats):
                 local_loss = self.compute_loss(task, model_output, sample)
             with perf_timer("loss_all_reduce", stats):
@@ -140,16 +228,28 @@ class StandardTrainStep:
     def compute_loss(
         self, task: SelfSupervisionTask, model_output: Any, sample: dict[str, Any]
     ) -> torch.Tensor:
-        """The loss to backpropagate. A dict result: ``loss`` entry, others logged."""
+        """The loss to backpropagate.
+
+        A dict result: the ``loss`` entry is backpropagated; an optional ``loss_weight``
+        (validated by :func:`as_loss_weight`) goes to ``task.last_batch.loss_weight`` and
+        makes the step use the weighted mean (see the module docstring); the other entries
+        are logged (``task.last_batch.loss_extras``).
+        """
         result = task.loss(model_output, sample["target"])
         if isinstance(result, Mapping):
+            name = type(task.loss).__name__
             if "loss" not in result:
                 raise ValueError(
-                    f"loss {type(task.loss).__name__} returned a dict without a 'loss' entry "
+                    f"loss {name} returned a dict without a 'loss' entry "
                     f"(keys: {sorted(result)}); the 'loss' entry is what is backpropagated."
                 )
-            task.last_batch.loss_extras = {k: v for k, v in result.items() if k != "loss"}
-            return result["loss"]  # type: ignore[no-any-return]
+            loss: torch.Tensor = result["loss"]
+            if "loss_weight" in result:
+                task.last_batch.loss_weight = as_loss_weight(result["loss_weight"], loss, name)
+            task.last_batch.loss_extras = {
+                k: v for k, v in result.items() if k not in _RESERVED_LOSS_KEYS
+            }
+            return loss
         return result  # type: ignore[no-any-return]
 
     def reduce_loss_for_logging(self, task: SelfSupervisionTask, local_loss: torch.Tensor) -> None:
@@ -223,19 +323,63 @@ class StandardTrainStep:
         first, the loss is divided by k, and gradients are synchronised across ranks only
         on the last. ``on_forward``/``on_loss_and_meter`` fire per micro-batch,
         ``on_backward``/``on_update`` once per optimizer step.
+
+        With a ``loss_weight`` w (``task.last_batch.loss_weight``), ``w * loss`` is
+        backpropagated instead; the step divides by the total weight after the last one.
         """
         accumulation = task.grad_accumulation_steps
         micro = task.micro_step
         last = micro == accumulation - 1
         if micro == 0:
             task.optimizer.zero_grad(set_to_none=True)
-        if accumulation == 1:
+        weight = getattr(task.last_batch, "loss_weight", None)
+        if weight is not None:
+            with self.sync_context(task, sync=last):
+                task.precision.backward(local_loss * weight)
+        elif accumulation == 1:
             task.precision.backward(local_loss)
         else:
             with self.sync_context(task, sync=last):
                 task.precision.backward(local_loss / accumulation)
         if last:
             task.grad_reducer.after_backward(task.model)
+
+    @staticmethod
+    def _reduce_weighted_loss(task: SelfSupervisionTask, sums: torch.Tensor) -> torch.Tensor:
+        """Sum ``[sum w*loss, sum w]`` over ranks; log ``S / W``; return ``W`` (on the device)."""
+        all_reduce_sum(sums)
+        total = sums[1]
+        # A step of total weight 0 logs 0 (its weighted sum is 0), not 0/0.
+        task.last_batch.loss = sums[0] / total.clamp_min(_TINY)
+        task.last_batch.loss_weight = total
+        return total
+
+    @staticmethod
+    def _normalize_weighted_gradients(
+        task: SelfSupervisionTask, total_weight: torch.Tensor
+    ) -> None:
+        """Turn the rank-averaged ``sum w_i * grad_i`` into the weighted mean's gradient.
+
+        The reducer averaged over ranks: ``avg_r(sum_{i in r} w_i g_i) * world / W`` is
+        ``sum_i w_i g_i / W``. Weight 0: factor 1 (the gradients are 0; no 0 * inf).
+        """
+        world_size = get_world_size()
+        factor = torch.where(
+            total_weight > 0, world_size / total_weight, torch.ones_like(total_weight)
+        )
+        grads: dict[torch.device, list[torch.Tensor]] = {}
+        for group in task.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grads.setdefault(p.grad.device, []).append(p.grad)
+        for device, device_grads in grads.items():
+            device_factor = factor.to(device, non_blocking=True)
+            dense = [g for g in device_grads if not g.is_sparse]
+            if dense:
+                torch._foreach_mul_(dense, device_factor)
+            for g in device_grads:
+                if g.is_sparse:
+                    g.mul_(device_factor)
 
     def optimizer_step(self, task: SelfSupervisionTask) -> None:
         where = task.where
