@@ -39,6 +39,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
+from vissl.meters.update import update_meters
 from vissl.models.momentum import EmaTensors, ema_tensors, ema_update_tensors_, momentum_copy
 
 if TYPE_CHECKING:
@@ -125,42 +126,6 @@ class _EmaMeterView:
         load = getattr(self.meter, "load_state_dict", None)
         if callable(load):
             load(state)
-
-
-def _rows(x: Any) -> int | None:
-    return x.shape[0] if isinstance(x, torch.Tensor) and x.ndim >= 1 else None
-
-
-def update_meters_without_padding(meters: list[Any], output: Any, target: Any, valid: Any) -> None:
-    """``meter.update(output, target)`` without the rows a distributed sampler padded.
-
-    ``valid`` (the batch's ``data_valid``, 0 for padding) goes to meters with
-    ``supports_valid_mask``; for the others the padding rows are removed (boolean
-    indexing). As the train step does in test phases.
-    """
-    outputs = [output] if isinstance(output, torch.Tensor) else output
-    n = _rows(valid)
-    if not (
-        n is not None
-        and valid.ndim == 1
-        and _rows(target) == n
-        and isinstance(outputs, list | tuple)
-        and all(_rows(o) == n for o in outputs)
-    ):
-        valid = None
-    keep = None
-    for meter in meters:
-        if valid is None:
-            meter.update(output, target)
-        elif getattr(meter, "supports_valid_mask", False):
-            meter.update(output, target, valid=valid)
-        else:
-            if keep is None:
-                keep = valid != 0
-            if isinstance(output, torch.Tensor):
-                meter.update(output[keep], target[keep])
-            else:
-                meter.update([o[keep] for o in outputs], target[keep])
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
@@ -296,9 +261,7 @@ class EmaHook(VisslHook):
             output = output[0]
         if self.device != task.device:
             output = _to_device(output, task.device)
-        update_meters_without_padding(
-            self.ema_meters, output, sample["target"], sample.get("data_valid")
-        )
+        update_meters(self.ema_meters, output, sample["target"], sample.get("data_valid"))
 
     # ------------------------------------------------------------------ checkpoints
     def ema_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -336,4 +299,4 @@ class EmaHook(VisslHook):
             )
 
 
-__all__ = ["EMA_DEVICES", "EmaHook", "ema_enabled", "update_meters_without_padding"]
+__all__ = ["EMA_DEVICES", "EmaHook", "ema_enabled"]

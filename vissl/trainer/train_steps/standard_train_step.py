@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vissl.data.batch import construct_sample_for_model, move_to_device, to_channels_last
+from vissl.meters.update import update_meters
 from vissl.trainer.train_steps import register_train_step
 from vissl.utils.distributed import all_reduce_mean, all_reduce_sum, get_world_size
 from vissl.utils.perf_stats import perf_timer
@@ -284,36 +285,13 @@ class StandardTrainStep:
         """
         if not task.meters or (task.train and not task.enable_training_meter):
             return
-        target = sample["target"]
-        valid = sample.get("data_valid")
-        outputs = [model_output] if isinstance(model_output, torch.Tensor) else model_output
-        if not (
-            isinstance(valid, torch.Tensor)
-            and isinstance(target, torch.Tensor)
-            and valid.ndim == 1
-            and valid.shape[0] == target.shape[0]
-            and isinstance(outputs, list | tuple)
-            and all(
-                isinstance(o, torch.Tensor) and o.ndim >= 1 and o.shape[0] == valid.shape[0]
-                for o in outputs
-            )
-        ):
-            valid = None  # no per-row flags that line up with the outputs
-        keep = None
-        for meter in task.meters:
-            if valid is None:
-                meter.update(model_output, target)
-            elif getattr(meter, "supports_valid_mask", False):
-                meter.update(model_output, target, valid=valid)
-            elif task.train:
-                meter.update(model_output, target)
-            else:
-                if keep is None:
-                    keep = valid != 0
-                if isinstance(model_output, torch.Tensor):
-                    meter.update(model_output[keep], target[keep])
-                else:
-                    meter.update([o[keep] for o in outputs], target[keep])
+        update_meters(
+            task.meters,
+            model_output,
+            sample["target"],
+            sample.get("data_valid"),
+            drop_padding=not task.train,
+        )
 
     def backward(self, task: SelfSupervisionTask, local_loss: torch.Tensor) -> None:
         """Backward of one (micro-)batch.
