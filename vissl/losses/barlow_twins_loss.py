@@ -30,7 +30,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses.moco_loss import _head_output_dim
+from vissl.losses.config_inference import head_output_dim, transform_num_crops
 from vissl.utils.distributed import gather_from_all
 
 logger = logging.getLogger(__name__)
@@ -95,12 +95,10 @@ class BarlowTwinsLoss(nn.Module):
         Raises:
             ConfigError: the transforms make other than 2 views per sample.
         """
-        head_dim = _head_output_dim(config)
+        head_dim = head_output_dim(config)
         if head_dim is not None and params.get("embedding_dim") != head_dim:
             logger.info("%s.embedding_dim set to %d, the head's output width", _KEY, head_dim)
             params["embedding_dim"] = head_dim
-        from vissl.losses.swav_common import transform_num_crops
-
         views = transform_num_crops(config["DATA"]["TRAIN"].get("TRANSFORMS", []))
         if views is not None and views != 2:
             raise ConfigError(

@@ -39,7 +39,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses.swav_common import find_head_params, transform_num_crops
+from vissl.losses.config_inference import find_head_params, transform_num_crops
 from vissl.models.momentum import momentum_copy
 from vissl.utils.distributed import get_world_size
 

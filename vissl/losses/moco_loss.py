@@ -33,6 +33,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
+from vissl.losses.config_inference import head_output_dim
 from vissl.models.momentum import momentum_copy
 from vissl.utils.distributed import gather_from_all, get_world_size
 
@@ -59,23 +60,6 @@ def _number(value: Any, key: str, low: float, high: float, open_low: bool = Fals
             f"{_KEY}.{key} must be a number in {interval}, got {value!r}.", f"{_KEY}.{key}"
         )
     return float(value)
-
-
-def _head_output_dim(config: Mapping[str, Any]) -> int | None:
-    """The last ``dims`` entry of the last head in MODEL.HEAD.PARAMS, if there is one."""
-    params = config.get("MODEL", {}).get("HEAD", {}).get("PARAMS") or []
-    dims = None
-    stack = list(params)
-    while stack:  # the last module spec with dims, in any of the PARAMS forms
-        item = stack.pop()
-        if isinstance(item, Sequence) and not isinstance(item, str):
-            if len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
-                if item[1].get("dims"):
-                    dims = list(item[1]["dims"])
-                    break
-            else:
-                stack.extend(item)
-    return int(dims[-1]) if dims else None
 
 
 @register_loss("moco_loss")
@@ -121,7 +105,7 @@ class MoCoLoss(nn.Module):
         Raises:
             ConfigError: ``queue_size`` is not a multiple of the global batch.
         """
-        head_dim = _head_output_dim(config)
+        head_dim = head_output_dim(config)
         if head_dim is not None and params.get("embedding_dim") != head_dim:
             logger.info(
                 "%s.embedding_dim set to %d, the head's output width (was %s)",

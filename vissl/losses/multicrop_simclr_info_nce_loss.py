@@ -41,6 +41,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
+from vissl.losses.config_inference import head_output_dim
 from vissl.utils.distributed import gather_from_all, get_rank, get_world_size
 
 logger = logging.getLogger(__name__)
@@ -167,22 +168,6 @@ def _positive_int(value: Any, key: str) -> int:
     return value
 
 
-def _head_output_dim(config: Mapping[str, Any]) -> int | None:
-    """The last ``dims`` entry of the last head module in MODEL.HEAD.PARAMS, if any."""
-    params = (config.get("MODEL") or {}).get("HEAD", {}).get("PARAMS") or []
-    stack = list(params)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Sequence) and not isinstance(item, str):
-            if len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
-                dims = item[1].get("dims")
-                if dims:
-                    return int(list(dims)[-1])
-            else:
-                stack.extend(item)
-    return None
-
-
 def _multicrop_total(config: Mapping[str, Any]) -> int | None:
     """``total_num_crops`` of the ImgPilToMultiCrop transform of DATA.TRAIN, if any."""
     transforms = ((config.get("DATA") or {}).get("TRAIN") or {}).get("TRANSFORMS") or []
@@ -287,7 +272,7 @@ class MultiCropSimclrInfoNCELoss(nn.Module):
         if params.get("buffer_params") is None:
             params["buffer_params"] = {}
         buffer_params = params["buffer_params"]
-        head_dim = _head_output_dim(config)
+        head_dim = head_output_dim(config)
         if head_dim is not None and buffer_params.get("embedding_dim") != head_dim:
             logger.info(
                 "%s.buffer_params.embedding_dim set to %d, the head's output width (was %s)",

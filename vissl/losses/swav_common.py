@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vissl.errors import ConfigError
+from vissl.losses.config_inference import find_head_params, transform_num_crops
 from vissl.utils.distributed import all_reduce_max, all_reduce_sum, get_world_size
 
 logger = logging.getLogger(__name__)
@@ -375,17 +376,6 @@ class SwAVLossBase(nn.Module):
 
 
 # --------------------------------------------------------------------------- config inference
-def transform_num_crops(transforms: Sequence[Any]) -> int | None:
-    """Crops per sample made by the ImgPilToMultiCrop / ImgReplicatePil transform, if any."""
-    for t in transforms or []:
-        name = t.get("name") if isinstance(t, Mapping) else None
-        if name == "ImgPilToMultiCrop":
-            return int(t["total_num_crops"])
-        if name == "ImgReplicatePil":
-            return int(t.get("num_times", 2))
-    return None
-
-
 def infer_swav_config(
     params: MutableMapping[str, Any], config: Mapping[str, Any], name: str
 ) -> None:
@@ -445,22 +435,6 @@ def infer_swav_config(
             )
         queue["queue_length"] = rounded
         queue["local_queue_length"] = rounded // world_size
-
-
-def find_head_params(head_params: Any, head_name: str) -> Mapping[str, Any] | None:
-    """The kwargs of the first ``head_name`` head in MODEL.HEAD.PARAMS, any of its forms."""
-    if not isinstance(head_params, Sequence) or isinstance(head_params, str):
-        return None
-    if len(head_params) >= 1 and isinstance(head_params[0], str):
-        if head_params[0] == head_name:
-            kwargs = head_params[1] if len(head_params) > 1 else {}
-            return kwargs if isinstance(kwargs, Mapping) else {}
-        return None
-    for item in head_params:
-        found = find_head_params(item, head_name)
-        if found is not None:
-            return found
-    return None
 
 
 def _find_swav_head_params(head_params: Any) -> Mapping[str, Any] | None:
