@@ -78,6 +78,21 @@ class StandardizedConv2d(nn.Conv2d):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+def flat_head_input(batch: torch.Tensor | Sequence[torch.Tensor], head: str) -> torch.Tensor:
+    """A head's input as ``(N, D)``: a tensor or a list of one tensor, flattened after dim 0.
+
+    Raises:
+        ValueError: a list of more than one tensor.
+    """
+    if not isinstance(batch, torch.Tensor):
+        if len(batch) != 1:
+            raise ValueError(
+                f"{head} expects a tensor or a list of one tensor; got a list of {len(batch)}."
+            )
+        batch = batch[0]
+    return torch.flatten(batch, start_dim=1) if batch.ndim > 2 else batch
+
+
 def standardize_convolutions(module: nn.Module) -> nn.Module:
     """Replace every plain ``nn.Conv2d`` inside ``module`` by a :class:`StandardizedConv2d`.
 

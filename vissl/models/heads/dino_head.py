@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from vissl.errors import ConfigError
 from vissl.models.heads import register_model_head
-from vissl.models.model_helpers import cfg_get
+from vissl.models.model_helpers import cfg_get, flat_head_input
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
@@ -135,16 +135,7 @@ class DINOHead(nn.Module):
         self.output_dim = out_dim
 
     def forward(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
-        if isinstance(batch, torch.Tensor):
-            x = batch
-        elif len(batch) == 1:
-            x = batch[0]
-        else:
-            raise ValueError(
-                f"dino_head expects a tensor or a list of one tensor; got a list of {len(batch)}."
-            )
-        if x.ndim > 2:
-            x = torch.flatten(x, start_dim=1)
+        x = flat_head_input(batch, "dino_head")
         if x.shape[1] != self.in_dim:
             raise ConfigError(
                 f"{_KEY}: dino_head's in_dim is {self.in_dim} but its input has width "

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from vissl.errors import ConfigError
 from vissl.models.heads import register_model_head
-from vissl.models.model_helpers import cfg_get
+from vissl.models.model_helpers import cfg_get, flat_head_input
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
@@ -93,12 +93,4 @@ class MLP(nn.Module):
         scale_head_weights(self, model_config)
 
     def forward(self, batch: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-        if isinstance(batch, list | tuple):
-            if len(batch) != 1:
-                raise ValueError(
-                    f"mlp head expects a tensor or a list of one tensor; got a list of {len(batch)}."
-                )
-            batch = batch[0]
-        if batch.ndim > 2:
-            batch = torch.flatten(batch, start_dim=1)
-        return self.clf(batch)
+        return self.clf(flat_head_input(batch, "mlp head"))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from vissl.errors import ConfigError
 from vissl.models.heads import register_model_head
 from vissl.models.heads.mlp import check_dims
-from vissl.models.model_helpers import cfg_get
+from vissl.models.model_helpers import cfg_get, flat_head_input
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
@@ -111,16 +111,7 @@ class SwAVHead(nn.Module):
             layer.weight.copy_(F.normalize(layer.weight, dim=1, p=2))
 
     def forward(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if isinstance(batch, torch.Tensor):
-            x = batch
-        elif len(batch) == 1:
-            x = batch[0]
-        else:
-            raise ValueError(
-                f"swav_head expects a tensor or a list of one tensor; got a list of {len(batch)}."
-            )
-        if x.ndim > 2:
-            x = torch.flatten(x, start_dim=1)
+        x = flat_head_input(batch, "swav_head")
         emb = self.projection_head(x)
         if self.normalize_feats:
             emb = F.normalize(emb, dim=1, p=2)
