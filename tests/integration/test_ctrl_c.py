@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -84,7 +85,9 @@ class Terminal:
     def __init__(self, folder: Path, argv: list[str], name: str) -> None:
         assert TMUX is not None
         self.tmux = TMUX
-        self.socket = f"vissl-test-{os.getpid()}-{name}"
+        # a server of its own per terminal: a server an earlier test killed can still be
+        # exiting on its socket, and a new session on that socket then fails
+        self.socket = f"vissl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}-{name}"
         self.rc_file = folder / f"{name}.rc"
         script = folder / f"{name}.sh"
         script.write_text(
@@ -100,9 +103,11 @@ class Terminal:
         self.name = name
 
     def _tmux(self, *args: str) -> str:
-        done = subprocess.run(
-            [self.tmux, "-L", self.socket, *args], check=True, capture_output=True, text=True
-        )
+        done = subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"tmux {' '.join(args[:1])} failed ({done.returncode}): {done.stderr.strip()}"
+            )
         return done.stdout
 
     def ctrl_c(self) -> None:
