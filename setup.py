@@ -38,11 +38,18 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
+        # tools/plot_metrics.py
+        "plots": ["matplotlib>=3.7"],
+        # the documentation site: mkdocs build --strict
+        "docs": ["mkdocs>=1.6"],
+        # tests, lint and types; the plots and docs extras so that CI tests them too
         "dev": [
             "pytest>=7.4",
             "pytest-timeout>=2.1",
             "ruff>=0.5",
             "mypy>=1.8",
+            "matplotlib>=3.7",
+            "mkdocs>=1.6",
         ],
     },
     entry_points={"console_scripts": []},

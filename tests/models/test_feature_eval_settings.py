@@ -311,6 +311,5 @@ def test_eval_mlp_size_mismatch_says_what_to_set(head: dict[str, Any], match: st
         ],
     )
     cfg.HEAD.PARAMS = [["eval_mlp", head]]
-    model = build(cfg)
-    with pytest.raises(ConfigError, match=match):
-        model(images())
+    with pytest.raises(ConfigError, match=match):  # found when the model is built
+        build(cfg)

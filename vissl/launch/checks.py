@@ -1,4 +1,5 @@
-"""Launch-time checks: backend and devices against the machine, torchrun's environment."""
+"""Launch-time checks: backend and devices against the machine, torchrun's environment,
+a checkpoint folder that can be written."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from typing import Any
 
 import torch
+from iopath.common.file_io import g_pathmgr
 
 from vissl.errors import ConfigError
 
@@ -94,3 +96,28 @@ def check_torchrun(cfg: Any, env: dict[str, int]) -> tuple[int, int]:
         )
     node_id = env.get("GROUP_RANK", env["RANK"] // nproc)
     return node_id, nproc
+
+
+def make_checkpoint_folder(folder: str) -> None:
+    """Create ``folder`` (CHECKPOINT.DIR) if needed and check that it can be written,
+    before any work starts.
+
+    Raises:
+        ConfigError: the folder cannot be created, or is not writable.
+    """
+    key = "config.CHECKPOINT.DIR"
+    try:
+        g_pathmgr.mkdirs(folder)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError(
+            f"{key}={folder!r} cannot be created ({reason}): set {key} to a folder you can "
+            "write, e.g. config.CHECKPOINT.DIR=./checkpoints/my_run.",
+            key,
+        ) from None
+    if "://" not in folder and not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{key}={folder!r} is not writable by this user: set {key} to a folder you can "
+            "write, e.g. config.CHECKPOINT.DIR=./checkpoints/my_run.",
+            key,
+        )

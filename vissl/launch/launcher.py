@@ -25,7 +25,6 @@ import tempfile
 from typing import Any
 
 import torch.distributed as dist
-from iopath.common.file_io import g_pathmgr
 
 from vissl.engines import run_engine_in_context
 from vissl.engines.run_context import HookGenerator, RunContext
@@ -36,6 +35,7 @@ from vissl.launch.checks import (
     check_devices,
     check_torchrun,
     get_node_id,
+    make_checkpoint_folder,
     torchrun_environment,
 )
 from vissl.launch.rendezvous import make_rendezvous
@@ -55,7 +55,7 @@ def get_checkpoint_folder(cfg: Any, dist_run_id: str | None = None) -> str:
     folder = os.path.abspath(str(cfg.CHECKPOINT.DIR))
     if cfg.CHECKPOINT.APPEND_DISTR_RUN_ID and dist_run_id:
         folder = os.path.join(folder, str(dist_run_id).replace(":", "-").replace("/", "_"))
-    g_pathmgr.mkdirs(folder)
+    make_checkpoint_folder(folder)
     return folder
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vissl.errors import ConfigError, TrainingPreempted
+from vissl.launch.checks import make_checkpoint_folder
 from vissl.launch.launcher import launch_distributed
 from vissl.launch.supervision import stop_workers_for_preemption
 
@@ -221,6 +222,7 @@ def launch_distributed_on_slurm(
         cluster: submitit's cluster; ``"local"`` runs the job on this machine.
     """
     cfg = _absolute_paths(cfg)
+    make_checkpoint_folder(str(cfg.CHECKPOINT.DIR))  # a bad folder fails here, not in the job
     executor = create_submitit_executor(cfg, cluster)
     job = executor.submit(ResumableSlurmJob(cfg, engine_name, hook_generator))
     message = (

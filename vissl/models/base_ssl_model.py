@@ -40,6 +40,7 @@ from vissl.models.model_helpers import (
     get_trunk_output_feature_names,
     is_feature_extractor_model,
 )
+from vissl.models.shape_check import check_head_input_widths
 from vissl.models.trunks import get_model_trunk
 from vissl.models.trunks.feature_extractor import FeatureExtractorModel
 from vissl.utils.registry import closest_match
@@ -284,6 +285,14 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 f"{_HEAD_KEY} defines {n_heads} heads but the trunk returns {n_feats} "
                 f"features ({self._output_feature_names}); give one head per feature.",
                 _HEAD_KEY,
+            )
+        if not self._extract_trunk_features_only():
+            check_head_input_widths(
+                self.trunk,
+                self._output_feature_names,
+                self.heads,
+                [[name for name, _ in chain] for chain in heads],
+                self._parallel_heads,
             )
 
     def _apply_freezing(self) -> None:

@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -50,6 +52,72 @@ def _unknown_override(overrides: Sequence[str], err: BaseException) -> UnknownKe
     return None
 
 
+_MISSING_CONFIG = re.compile(r"Could not find '(config/[^']+)'")
+
+
+def config_search_dirs() -> list[Path]:
+    """The folders ``config=NAME`` is looked up in: ``configs/config`` of the vissl
+    installation and of the current folder (as in VISSL)."""
+    import configs
+
+    dirs = [Path(configs.__file__).parent / "config", Path.cwd() / "configs" / "config"]
+    seen: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [x.resolve() for x in seen]:
+            seen.append(d)
+    return seen
+
+
+def available_config_names() -> list[str]:
+    """Every name ``config=`` accepts: the .yaml files under the search folders."""
+    names = {
+        str(f.relative_to(d).with_suffix(""))
+        for d in config_search_dirs()
+        for f in d.rglob("*.yaml")
+    }
+    return sorted(names)
+
+
+def _missing_config_error(err: MissingConfigException, overrides: Sequence[str]) -> ConfigError:
+    """One line: which config is missing, the closest names, where configs are looked up."""
+    m = _MISSING_CONFIG.search(str(err))
+    if m is None:
+        return ConfigError(f"config composition failed: {str(err).splitlines()[0]}", "config")
+    missing = m.group(1)
+    name = missing.removeprefix("config/")
+    names = available_config_names()
+    base = name.removesuffix(".yaml")
+    close = difflib.get_close_matches(base, names, n=3, cutoff=0.0)
+    by_file = {n for n in names if Path(n).name == Path(base).name}
+    close = sorted(by_file) + [c for c in close if c not in by_file]
+    hint = f" Closest: {', '.join(close[:3])}." if close else ""
+    where = " and ".join(str(d) for d in config_search_dirs())
+    given = [o for o in overrides if o.lstrip("+~") == f"config={name}"]
+    what = (
+        given[0]
+        if given
+        else f"the config {missing!r} (named in a defaults list or a +config/ override)"
+    )
+    return ConfigError(
+        f"{what}: no such config (looked up as <name>.yaml under {where}).{hint} "
+        "Pass config=<path under configs/config without .yaml>, e.g. config=quick_start.",
+        "config",
+    )
+
+
+def _yaml_error(err: yaml.YAMLError) -> ConfigError:
+    """A YAML syntax error as one line: file, line and column, and the problem."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    hint = " (YAML indents with spaces, not tabs)" if "\\t" in problem else ""
+    if mark is None:
+        return ConfigError(f"YAML syntax error in a config: {problem}{hint}", "config")
+    return ConfigError(
+        f"{mark.name}:{mark.line + 1}:{mark.column + 1}: YAML syntax error: {problem}{hint}",
+        "config",
+    )
+
+
 def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
     """Compose the defaults with ``config=NAME``, ``+config/group/sub=file`` and overrides.
 
@@ -67,11 +135,9 @@ def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
             with initialize_config_module(config_module="vissl.config", version_base=None):
                 return compose("defaults", overrides=overrides)
     except MissingConfigException as err:
-        raise ConfigError(
-            f"{err}\nConfigs are looked up under configs/config/ of the vissl package and of "
-            "the current folder; pass config=<path without .yaml>, e.g. config=quick_start.",
-            "config",
-        ) from err
+        raise _missing_config_error(err, overrides) from None
+    except yaml.YAMLError as err:
+        raise _yaml_error(err) from None
     except (ConfigCompositionException, MissingMandatoryValue) as err:
         unknown = _unknown_override(overrides, err) or _unknown_override(
             overrides, err.__cause__ or err

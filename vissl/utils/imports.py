@@ -7,6 +7,7 @@ import importlib.util
 import logging
 import pkgutil
 import sys
+import traceback
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -76,32 +77,59 @@ def import_plugins(imports: Iterable[str], *, entry_point_group: str = ENTRY_POI
     for ep in entry_points(group=entry_point_group):
         logger.debug("loading vissl plugin entry point %s = %s", ep.name, ep.value)
         ep.load()
-    for item in imports:
-        if not isinstance(item, str) or not item:
+    for index, item in enumerate(imports):
+        try:
+            _import_entry(item)
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise _plugin_error(index, item, err) from None
+
+
+def _plugin_error(index: int, item: str, err: Exception) -> ConfigError:
+    """A plugin that raised while importing: which entry, then the user's own frames."""
+    if isinstance(err, SyntaxError):
+        detail = "".join(traceback.format_exception_only(err))
+    else:
+        frames = [
+            f
+            for f in traceback.extract_tb(err.__traceback__)
+            if not f.filename.startswith("<frozen") and f.filename != __file__
+        ]
+        detail = "".join(traceback.format_list(frames) + traceback.format_exception_only(err))
+    return ConfigError(
+        f"config.IMPORTS[{index}] ({item!r}) failed to import:\n{detail.rstrip()}",
+        f"config.IMPORTS[{index}]",
+    )
+
+
+def _import_entry(item: str) -> None:
+    """Import one ``config.IMPORTS`` entry: a module name or a ``.py`` file."""
+    if not isinstance(item, str) or not item:
+        raise ConfigError(
+            f"config.IMPORTS: every entry must be a module name or a .py path, got {item!r}.",
+            "config.IMPORTS",
+        )
+    if item.endswith(".py") or "/" in item or "\\" in item:
+        path = Path(item)
+        if not path.is_file():
             raise ConfigError(
-                f"config.IMPORTS: every entry must be a module name or a .py path, got {item!r}.",
+                f"config.IMPORTS: file {item!r} does not exist (relative paths are "
+                f"resolved from {Path.cwd()}). Fix the path or use a module name.",
                 "config.IMPORTS",
             )
-        if item.endswith(".py") or "/" in item or "\\" in item:
-            path = Path(item)
-            if not path.is_file():
+        _import_file(path)
+    else:
+        try:
+            importlib.import_module(item)
+        except ModuleNotFoundError as err:
+            if err.name and item.startswith(err.name):
                 raise ConfigError(
-                    f"config.IMPORTS: file {item!r} does not exist (relative paths are "
-                    f"resolved from {Path.cwd()}). Fix the path or use a module name.",
+                    f"config.IMPORTS: module {item!r} cannot be found on sys.path. "
+                    "Install it, add its folder to PYTHONPATH, or give the .py file path.",
                     "config.IMPORTS",
-                )
-            _import_file(path)
-        else:
-            try:
-                importlib.import_module(item)
-            except ModuleNotFoundError as err:
-                if err.name and item.startswith(err.name):
-                    raise ConfigError(
-                        f"config.IMPORTS: module {item!r} cannot be found on sys.path. "
-                        "Install it, add its folder to PYTHONPATH, or give the .py file path.",
-                        "config.IMPORTS",
-                    ) from err
-                raise
+                ) from err
+            raise
 
 
 def import_vissl_plugins() -> None:
