@@ -66,18 +66,21 @@ def seeded_rng(seed: int) -> Iterator[None]:
     """Seed python, numpy and torch (CPU) RNGs for a block, then restore their states.
 
     In a data loader worker the global RNGs serve nothing else, so they are only seeded.
+    Only torch's CPU generator is seeded (``torch.manual_seed`` would also queue the
+    seeding of every accelerator's generators, about 1 ms per call, and transforms draw
+    on the CPU).
     """
     if torch.utils.data.get_worker_info() is not None:
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         yield
         return
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         try:
             yield
         finally:
@@ -108,6 +111,13 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
 
     ``DATA_LIMIT`` > 0 keeps a deterministic random subset (``DATA_LIMIT_SAMPLING``:
     ``SEED``, ``IS_BALANCED`` over the first source's labels, ``SKIP_NUM_SAMPLES``).
+
+    Transforms: ``TRANSFORMS`` built by :func:`~vissl.data.ssl_transforms.build_transforms`;
+    the run of transforms before ``ToTensor`` runs on tensors unless
+    ``FAST_TRANSFORMS`` is False (see :mod:`vissl.data.ssl_transforms.tensor_path`).
+    When that run starts with the first transform, a source with a
+    ``get_image_tensor(idx) -> (uint8 (C, H, W) tensor, is_valid)`` method (the disk
+    sources, ``synthetic``) is asked for a tensor instead of a PIL image.
 
     Args:
         cfg: the full config (``cfg.DATA.<split>``).
@@ -147,7 +157,11 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         self.paths_from_catalog = False
         self._verify()
         self._warn_unsupported()
-        self.transform = build_transforms(split_cfg_value(sc, "TRANSFORMS", []), split)
+        self.transform = build_transforms(
+            split_cfg_value(sc, "TRANSFORMS", []),
+            split,
+            tensor_path=bool(split_cfg_value(sc, "FAST_TRANSFORMS", True)),
+        )
 
         self.data_objs = [
             self._build_source(i, source) for i, source in enumerate(self.data_sources)
@@ -407,8 +421,10 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
             raise IndexError(f"index {idx} out of range for a dataset of {len(self)} samples")
         subset_idx = int(self.sub_set[idx]) if self.sub_set is not None else idx
         item: dict[str, Any] = {"data": [], "data_valid": [], "data_idx": []}
+        tensors = getattr(self.transform, "takes_image_tensors", False)
         for source in self.data_objs:
-            data, valid = source[subset_idx]
+            reader = getattr(source, "get_image_tensor", None) if tensors else None
+            data, valid = reader(subset_idx) if reader is not None else source[subset_idx]
             item["data"].append(data)
             item["data_valid"].append(PADDING_DATA_VALID if padding else 1 if valid else -1)
             item["data_idx"].append(idx)

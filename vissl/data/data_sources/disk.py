@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import warnings
 from typing import Any
 
 import numpy as np
+import torch
 from iopath.common.file_io import g_pathmgr
 from PIL import Image
 from torchvision.datasets import ImageFolder
@@ -18,9 +21,37 @@ from vissl.data.data_helper import (
 )
 from vissl.data.data_sources import register_data_source
 from vissl.data.data_sources.base import DataSource
+from vissl.data.ssl_transforms.tensor_ops import pil_to_uint8
 from vissl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+#: The first bytes of every JPEG file (SOI marker and the next marker's 0xFF).
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+try:  # deprecated in torchvision 0.29 in favour of TorchCodec; PIL decodes once it is gone
+    from torchvision.io import ImageReadMode
+    from torchvision.io import decode_jpeg as _torchvision_decode_jpeg
+except ImportError:  # pragma: no cover - depends on the torchvision version
+    _torchvision_decode_jpeg = None
+
+
+def _decode_jpeg(data: bytes) -> torch.Tensor | None:
+    """JPEG bytes as a (3, H, W) uint8 tensor by torchvision's libjpeg-turbo decoder.
+
+    None when torchvision cannot decode it (no decoder in this build, or a file it
+    rejects): the caller then lets PIL decode it, or report it unreadable.
+    """
+    if _torchvision_decode_jpeg is None:
+        return None
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        with warnings.catch_warnings():
+            # torchvision 0.29 deprecates its decoders (for TorchCodec) on every call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return _torchvision_decode_jpeg(encoded, mode=ImageReadMode.RGB)  # type: ignore[no-any-return]
+    except RuntimeError:
+        return None
 
 
 class DiskImageDataset(DataSource):
@@ -28,13 +59,44 @@ class DiskImageDataset(DataSource):
 
     An unreadable image is replaced by a gray ``DEFAULT_GRAY_IMG_SIZE`` image and
     reported as invalid (``data_valid`` -1 in the sample), with a warning.
+
+    ``get_image_tensor(idx)`` reads the same image as a ``(3, H, W)`` uint8 tensor, for
+    transform chains that start on tensors (see ``GenericSSLDataset``): JPEGs are decoded
+    by torchvision's libjpeg-turbo decoder straight into the tensor (the same pixels as
+    PIL's libjpeg-turbo, about 20% faster, and no copy out of a PIL image); other formats
+    go through PIL.
     """
+
+    def _image_path(self, idx: int) -> str:
+        raise NotImplementedError
+
+    def __getitem__(self, idx: int) -> tuple[Image.Image, bool]:
+        return self._read_image(self._image_path(idx))
+
+    def get_image_tensor(self, idx: int) -> tuple[torch.Tensor, bool]:
+        """Image ``idx`` as a ``(3, H, W)`` uint8 tensor, and whether it could be read."""
+        return self._read_tensor(self._image_path(idx))
+
+    def _read_tensor(self, image_path: str) -> tuple[torch.Tensor, bool]:
+        try:
+            with g_pathmgr.open(image_path, "rb") as f:
+                data = f.read()
+            decoded = _decode_jpeg(data) if data[:3] == _JPEG_MAGIC else None
+            if decoded is None:  # not a JPEG, or one for PIL to try (and to judge)
+                with Image.open(io.BytesIO(data)) as img:
+                    decoded = pil_to_uint8(img.convert("RGB"))
+            return decoded, True
+        except Exception as err:  # any unreadable file: corrupt, missing, wrong format
+            logger.warning("Couldn't load image %s (%s); using a gray image.", image_path, err)
+            return pil_to_uint8(get_mean_image(self.gray_img_size)), False
 
     def _read_image(self, image_path: str) -> tuple[Image.Image, bool]:
         try:
             with g_pathmgr.open(image_path, "rb") as f:
                 img = Image.open(f)
-                return img.convert("RGB"), True
+                img.load()  # decode while the file is open
+            # most JPEGs are RGB already: no copy then
+            return (img if img.mode == "RGB" else img.convert("RGB")), True
         except Exception as err:  # any unreadable file: corrupt, missing, wrong format
             logger.warning("Couldn't load image %s (%s); using a gray image.", image_path, err)
             return get_mean_image(self.gray_img_size), False
@@ -77,8 +139,8 @@ class DiskFolderDataset(DiskImageDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, idx: int) -> tuple[Image.Image, bool]:
-        return self._read_image(self.samples[idx][0])
+    def _image_path(self, idx: int) -> str:
+        return self.samples[idx][0]
 
     def get_labels(self) -> np.ndarray:
         return np.asarray([label for _, label in self.samples], dtype=np.int64)
@@ -137,8 +199,8 @@ class DiskFilelistDataset(DiskImageDataset):
     def __len__(self) -> int:
         return self._num_samples
 
-    def __getitem__(self, idx: int) -> tuple[Image.Image, bool]:
-        return self._read_image(self._resolve(str(self._image_files()[idx])))
+    def _image_path(self, idx: int) -> str:
+        return self._resolve(str(self._image_files()[idx]))
 
     def get_image_paths(self) -> list[str]:
         return [self._resolve(str(p)) for p in self._image_files()]

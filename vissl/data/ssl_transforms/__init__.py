@@ -5,6 +5,9 @@ entry is built as ``cls(**kwargs)`` and wrapped in :class:`SSLTransformsWrapper`
 applies it to the entries of ``sample["data"]`` listed in ``indices`` (all if omitted).
 A name that is not registered is looked up in ``torchvision.transforms`` (also in
 title case, so ``random_horizontal_flip`` finds ``RandomHorizontalFlip``).
+
+By default the transforms before ``ToTensor`` run on tensors, with the same random draws
+and operations as on PIL images (:mod:`vissl.data.ssl_transforms.tensor_path`).
 """
 
 from __future__ import annotations

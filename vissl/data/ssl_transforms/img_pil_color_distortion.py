@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torchvision.transforms as tv_transforms
 from PIL import Image
 
 from vissl.data.ssl_transforms import register_transform
+from vissl.data.ssl_transforms.tensor_path import tensor_twin
 
 
 @register_transform("ImgPilColorDistortion")
@@ -49,6 +52,10 @@ class ImgPilColorDistortion:
 
     def __call__(self, image: Image.Image) -> Image.Image:
         return self.transforms(image)
+
+    def tensor_transform(self) -> Any:
+        """The same jitter and grayscale on tensors (see :mod:`.tensor_path`)."""
+        return tensor_twin(self.transforms)
 
     def __repr__(self) -> str:
         return f"ImgPilColorDistortion(strength={self.strength}, {self.transforms!r})"

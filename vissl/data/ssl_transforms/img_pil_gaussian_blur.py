@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from PIL import Image, ImageFilter
+from typing import Any
 
-from vissl.data.ssl_transforms import register_transform
+import torch
+from PIL import ImageFilter
+
+from vissl.data.ssl_transforms import register_transform, tensor_ops
 
 
 @register_transform("ImgPilGaussianBlur")
@@ -13,6 +15,8 @@ class ImgPilGaussianBlur:
     """With probability ``p``, blur with a radius drawn from ``[radius_min, radius_max]``.
 
     Randomness comes from torch's generator, which vissl seeds per data loader worker.
+    It also takes a ``(C, H, W)`` image tensor (uint8, or float in [0, 1]): the same draws,
+    Pillow's blur kernel (:func:`~vissl.data.ssl_transforms.tensor_ops.gaussian_blur`).
 
     Args:
         p: probability of blurring.
@@ -31,11 +35,17 @@ class ImgPilGaussianBlur:
         self.radius_min = float(radius_min)
         self.radius_max = float(radius_max)
 
-    def __call__(self, image: Image.Image) -> Image.Image:
+    def __call__(self, image: Any) -> Any:
         if torch.rand(()).item() > self.prob:
             return image
         radius = self.radius_min + (self.radius_max - self.radius_min) * torch.rand(()).item()
+        if isinstance(image, torch.Tensor):
+            return tensor_ops.gaussian_blur(image, radius)
         return image.filter(ImageFilter.GaussianBlur(radius=radius))
+
+    def tensor_transform(self) -> ImgPilGaussianBlur:
+        """Itself: it takes tensors as well (see :mod:`.tensor_path`)."""
+        return self
 
     def __repr__(self) -> str:
         return (

@@ -9,6 +9,7 @@ import torch
 
 from vissl.data.ssl_transforms import register_transform
 from vissl.data.ssl_transforms.ssl_transforms_wrapper import SSLTransformsWrapper
+from vissl.data.ssl_transforms.tensor_path import copy_with, tensor_twin
 from vissl.errors import ConfigError, UnknownKeyError
 from vissl.utils.registry import closest_match
 
@@ -191,6 +192,13 @@ class ImgPilMultiCropRandomApply:
                     crop = transform(crop)
             out.append(crop)
         return out
+
+    def tensor_transform(self) -> ImgPilMultiCropRandomApply | None:
+        """A copy whose transforms are their tensor twins, or None if one has none."""
+        twins = [tensor_twin(t) for t in self.transforms]
+        if any(t is None for t in twins):
+            return None
+        return copy_with(self, transforms=twins)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return (

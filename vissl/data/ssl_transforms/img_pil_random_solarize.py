@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from PIL import Image, ImageOps
+from typing import Any
 
-from vissl.data.ssl_transforms import register_transform
+import torch
+from PIL import ImageOps
+
+from vissl.data.ssl_transforms import register_transform, tensor_ops
 
 
 @register_transform("ImgPilRandomSolarize")
@@ -24,11 +26,17 @@ class ImgPilRandomSolarize:
             raise ValueError(f"p must be a number in [0, 1], got {p!r}")
         self.p = float(p)
 
-    def __call__(self, image: Image.Image) -> Image.Image:
+    def __call__(self, image: Any) -> Any:
         if torch.rand(()).item() >= self.p:
             return image
         threshold = int(torch.randint(0, 257, ()).item())
+        if isinstance(image, torch.Tensor):
+            return tensor_ops.solarize(image, threshold)
         return ImageOps.solarize(image, threshold)
+
+    def tensor_transform(self) -> ImgPilRandomSolarize:
+        """Itself: it takes ``(C, H, W)`` tensors as well (see :mod:`.tensor_path`)."""
+        return self
 
     def __repr__(self) -> str:
         return f"ImgPilRandomSolarize(p={self.p})"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torchvision.transforms as tv_transforms
 from PIL import Image
 
 from vissl.data.ssl_transforms import register_transform
+from vissl.data.ssl_transforms.tensor_path import multi_crop_twin
 
 
 @register_transform("ImgPilToMultiCrop")
@@ -58,6 +59,12 @@ class ImgPilToMultiCrop:
 
     def __call__(self, image: Image.Image) -> list[Image.Image]:
         return [transform(image) for transform in self.transforms]
+
+    def tensor_transform(self) -> Any:
+        """The same crops from one image tensor (see :mod:`.tensor_path`)."""
+        return multi_crop_twin(
+            self.transforms, f"size_crops={self.size_crops}, num_crops={self.num_crops}"
+        )
 
     def __repr__(self) -> str:
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from vissl.data.ssl_transforms import register_transform
+from vissl.data.ssl_transforms.tensor_path import TensorReplicate
 
 
 @register_transform("ImgReplicatePil")
@@ -28,6 +29,10 @@ class ImgReplicatePil:
     def __call__(self, image: Any) -> list[Any]:
         copy = getattr(image, "copy", None) or image.clone
         return [copy() for _ in range(self.num_times)]
+
+    def tensor_transform(self) -> TensorReplicate:
+        """References instead of copies on the tensor path (see :mod:`.tensor_path`)."""
+        return TensorReplicate(self.num_times)
 
     def __repr__(self) -> str:
         return f"ImgReplicatePil(num_times={self.num_times})"

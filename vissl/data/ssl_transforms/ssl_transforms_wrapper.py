@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vissl.data.ssl_transforms import get_transform
+from vissl.data.ssl_transforms.tensor_path import TENSOR_PATH_START, plan_tensor_path
 from vissl.errors import ConfigError, UnknownNameError
 
 #: VISSL's transform names per kind (for transforms without ``ssl_transform_kind``).
@@ -217,6 +218,12 @@ class SSLTransformsCompose:
     def __init__(self, transforms: Sequence[SSLTransformsWrapper]) -> None:
         self.transforms = list(transforms)
 
+    @property
+    def takes_image_tensors(self) -> bool:
+        """Whether the chain starts on tensors (the tensor path begins with it): the data
+        sources may then give ``(C, H, W)`` uint8 tensors instead of PIL images."""
+        return bool(self.transforms) and self.transforms[0].name == TENSOR_PATH_START
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         for transform in self.transforms:
             sample = transform(sample)
@@ -231,13 +238,18 @@ class SSLTransformsCompose:
 
 
 def build_transforms(
-    transforms_cfg: Sequence[Mapping[str, Any]] | None, split: str = "TRAIN"
+    transforms_cfg: Sequence[Mapping[str, Any]] | None,
+    split: str = "TRAIN",
+    tensor_path: bool = True,
 ) -> SSLTransformsCompose:
     """Build ``DATA.<split>.TRANSFORMS`` into one callable on sample dicts.
 
     Args:
         transforms_cfg: the list of transform entries.
         split: ``"TRAIN"`` or ``"TEST"``, for error messages.
+        tensor_path: run the transforms before ``ToTensor`` on tensors where they can
+            (:func:`~vissl.data.ssl_transforms.tensor_path.plan_tensor_path`): the same
+            random parameters and operations, faster; False keeps PIL images throughout.
 
     Raises:
         ConfigError: the list or one entry is malformed (the message names
@@ -249,9 +261,10 @@ def build_transforms(
         return SSLTransformsCompose([])
     if isinstance(transforms_cfg, Mapping | str) or not isinstance(transforms_cfg, Sequence):
         raise ConfigError(f"{base} must be a list of transform entries.", base)
-    return SSLTransformsCompose(
-        [
-            SSLTransformsWrapper.from_config(entry, key_path=f"{base}[{i}]")
-            for i, entry in enumerate(transforms_cfg)
-        ]
-    )
+    wrappers = [
+        SSLTransformsWrapper.from_config(entry, key_path=f"{base}[{i}]")
+        for i, entry in enumerate(transforms_cfg)
+    ]
+    if tensor_path:
+        wrappers = plan_tensor_path(wrappers)
+    return SSLTransformsCompose(wrappers)
