@@ -51,6 +51,8 @@ POLYMORPHIC = {
     "MODEL.GRAD_CLIP.NORM_TYPE": (int, float, str),
     "MODEL.GRAD_CLIP.MAX_NORM": (int, float),
     "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER": (int, float),
+    # one key, or a list of nested keys (e.g. [classy_state_dict, loss])
+    "MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME": (str, list),
     # False: 1/sqrt(head dim); a number: that scale
     "MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE": (bool, int, float),
     "DISTRIBUTED.NCCL_SOCKET_NTHREADS": (int, str),
