@@ -12,7 +12,7 @@ import torch
 
 from vissl.config.attr_dict import AttrDict
 from vissl.engines import Engine, register_engine
-from vissl.engines.run_context import RunContext
+from vissl.engines.run_context import HookGenerator, RunContext
 from vissl.trainer.trainer_main import SelfSupervisionTrainer
 from vissl.utils.distributed import get_rank
 from vissl.utils.env import get_device
@@ -31,8 +31,36 @@ def set_seeds(cfg: Any, rank: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def train_main(ctx: RunContext) -> Any:
-    """Train in this process (the process group, if any, is already initialised)."""
+def train_main(
+    ctx: RunContext | Any,
+    dist_run_id: str | None = None,
+    checkpoint_path: str | None = None,
+    checkpoint_folder: str | None = None,
+    local_rank: int = 0,
+    node_id: int = 0,
+    hook_generator: HookGenerator | None = None,
+) -> Any:
+    """Train in this process (the process group, if any, is already initialised).
+
+    Takes a :class:`RunContext`, or VISSL's arguments ``(cfg, dist_run_id,
+    checkpoint_path, checkpoint_folder, local_rank, node_id, hook_generator)`` so that a
+    VISSL engine calling ``train_main`` keeps working.
+    """
+    if not isinstance(ctx, RunContext):
+        if checkpoint_folder is None:
+            raise TypeError("train_main(cfg, ...) needs checkpoint_folder, as in VISSL")
+        from vissl.hooks import default_hook_generator
+
+        ctx = RunContext(
+            cfg=ctx,
+            engine_name="train",
+            run_id=str(dist_run_id),
+            checkpoint_folder=checkpoint_folder,
+            hook_generator=hook_generator or default_hook_generator,
+            checkpoint_path=checkpoint_path,
+            local_rank=local_rank,
+            node_id=node_id,
+        )
     cfg, checkpoint_folder = ctx.cfg, ctx.checkpoint_folder
     rank = get_rank()
     # Hooks read CHECKPOINT.DIR: make it the folder this run really uses (it differs with
