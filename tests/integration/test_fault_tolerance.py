@@ -23,7 +23,10 @@ TINY = "test/cpu_test/tiny_simclr"
 
 
 @pytest.mark.integration
-def test_sigterm_saves_a_checkpoint_and_exits_with_the_documented_code(tmp_path):
+@pytest.mark.parametrize("to", ["process", "process group"])
+def test_sigterm_saves_a_checkpoint_and_exits_with_the_documented_code(tmp_path, to):
+    """SIGTERM to the process, or to its whole process group as `timeout`, `kill -- -PGID`
+    and SLURM's scancel send it: the data loader workers get it too, and must not die."""
     folder = tmp_path / "run"
     cmd = [
         sys.executable,
@@ -32,15 +35,24 @@ def test_sigterm_saves_a_checkpoint_and_exits_with_the_documented_code(tmp_path)
         "config.DATA.TRAIN.DATA_LIMIT=400",
         "config.LOG_FREQUENCY=1",
         "config.CHECKPOINT.AUTO_RESUME=True",
+        "config.DATA.NUM_DATALOADER_WORKERS=1",
         f"config.CHECKPOINT.DIR={folder}",
     ]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=to == "process group",
     )
     deadline = time.monotonic() + 120
     while not (folder / "stdout.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    if to == "process group":
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == TrainingPreempted.exit_code == 75, out[-2000:]
     ckpts = list_checkpoints(str(folder))

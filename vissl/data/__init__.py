@@ -108,11 +108,17 @@ def seed_worker(worker_id: int, *, seed: int, rank: int) -> None:
     """Seed python, numpy and torch in a data loader worker from (seed, rank, worker_id).
 
     Used as ``worker_init_fn``: random augmentations are then the same in every run
-    with the same seed, rank and number of workers. It also ignores SIGINT: a terminal's
-    Ctrl-C reaches the loader workers too, and the trainer, which handles it, shuts them
-    down (they would otherwise die mid-batch or print KeyboardInterrupt tracebacks).
+    with the same seed, rank and number of workers. It also ignores SIGINT, SIGTERM and
+    SIGUSR1: a terminal's Ctrl-C, and a SIGTERM sent to the whole process group (`timeout`,
+    `kill -- -PGID`, SLURM's scancel), reach the loader workers too; the trainer handles
+    them (a checkpoint, then exit 130 or 75) and shuts the workers down. A worker that died
+    on the signal would fail the next batch instead. A worker whose trainer is gone exits
+    by itself (PyTorch's worker watchdog).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
+        signum = getattr(signal, name, None)  # no SIGUSR1 on Windows
+        if signum is not None:
+            signal.signal(signum, signal.SIG_IGN)
     worker_seed = _worker_seed(seed, rank, worker_id)
     random.seed(worker_seed)
     np.random.seed(worker_seed % 2**32)
