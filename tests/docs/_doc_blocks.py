@@ -58,6 +58,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -396,7 +397,10 @@ class Zygote:
             if self.proc is None or self.proc.poll() is not None:
                 self.start()
             assert self.proc is not None and self.proc.stdin and self.proc.stdout
-            out, err = script.with_suffix(".stdout"), script.with_suffix(".stderr")
+            # the outputs go to a folder of their own, never next to the script (which may
+            # be a file of the repository)
+            folder = Path(tempfile.mkdtemp(prefix="vissl_docs_out_"))
+            out, err = folder / "stdout", folder / "stderr"
             request = {
                 "script": str(script),
                 "argv": argv,
@@ -413,13 +417,15 @@ class Zygote:
             if not line:
                 raise RuntimeError("the docs-test fork server died")
             reply = json.loads(line)
-        return Result(
+        result = Result(
             reply["returncode"],
             out.read_text(errors="replace"),
             err.read_text(errors="replace"),
             reply["timed_out"],
             time.monotonic() - start,
         )
+        shutil.rmtree(folder, ignore_errors=True)
+        return result
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
