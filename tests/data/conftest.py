@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from PIL import Image
 
@@ -65,3 +66,13 @@ def image_folder(tmp_path: Path) -> Path:
 @pytest.fixture
 def png_writer() -> Callable[..., Path]:
     return write_png
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread, as in a data loader worker (the tensor path's setting; several
+    threads on small images only add synchronisation, badly so on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

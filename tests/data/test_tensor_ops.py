@@ -10,15 +10,7 @@ from PIL import Image, ImageDraw, ImageFilter, ImageOps
 
 from vissl.data.ssl_transforms import tensor_ops as ops
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, as in a data loader worker (the tensor path's setting; several
-    threads on small images only add synchronisation, badly so on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -31,14 +31,7 @@ CONFIGS = {
 STD = 0.226  # roughly ImageNet's std: normalised differences back to grey levels
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, as in a data loader worker (the tensor path's setting; several
-    threads on small images only add synchronisation, badly so on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config_transforms(chain: str) -> list[dict[str, Any]]:

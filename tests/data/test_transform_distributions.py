@@ -26,14 +26,7 @@ N = 600  # draws per side
 P_MIN = 1e-3  # KS p-value below which two samples are called different
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, as in a data loader worker (the tensor path's setting; several
-    threads on small images only add synchronisation, badly so on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def coordinate_image(width: int = 200, height: int = 150) -> Image.Image:
