@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import random
 import signal
 from typing import Any
@@ -108,15 +109,19 @@ def seed_worker(worker_id: int, *, seed: int, rank: int) -> None:
     """Seed python, numpy and torch in a data loader worker from (seed, rank, worker_id).
 
     Used as ``worker_init_fn``: random augmentations are then the same in every run
-    with the same seed, rank and number of workers. It also ignores SIGINT, SIGTERM and
-    SIGUSR1: a terminal's Ctrl-C, and a SIGTERM sent to the whole process group (`timeout`,
-    `kill -- -PGID`, SLURM's scancel), reach the loader workers too; the trainer handles
-    them (a checkpoint, then exit 130 or 75) and shuts the workers down. A worker that died
-    on the signal would fail the next batch instead. A worker whose trainer is gone exits
-    by itself (PyTorch's worker watchdog).
+    with the same seed, rank and number of workers. It also moves the worker into a process
+    group of its own and ignores SIGINT there: a terminal's Ctrl-C and a SIGTERM sent to the
+    whole process group (`timeout`, `kill -- -PGID`, SLURM's scancel) then reach the
+    trainer only, which handles them (a checkpoint, then exit 130 or 75) and shuts the
+    workers down; a worker killed by the signal would fail the next batch instead. SIGTERM
+    is not ignored: the loader's own ``terminate()`` of a worker must still end it.
     """
-    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
-        signum = getattr(signal, name, None)  # no SIGUSR1 on Windows
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted here (e.g. a session leader): keep the parent's group
+        pass
+    for name in ("SIGINT", "SIGTTOU"):  # SIGTTOU: a background group may still print
+        signum = getattr(signal, name, None)  # neither exists on Windows
         if signum is not None:
             signal.signal(signum, signal.SIG_IGN)
     worker_seed = _worker_seed(seed, rank, worker_id)
