@@ -124,7 +124,9 @@ def test_no_config_given_is_a_clear_error():
 
 
 def test_unknown_config_name_is_a_clear_error():
-    with pytest.raises(ConfigError, match="config/quik_start"):
+    with pytest.raises(
+        ConfigError, match="config=quik_start: no such config.*Closest: quick_start"
+    ):
         hydra_compose_and_validate(["config=quik_start"])
 
 

@@ -176,7 +176,10 @@ def test_fine_tuning_loads_heads_and_a_head_shape_mismatch_needs_skip_layers(
 
 
 def test_trunk_shape_mismatch_lists_the_keys(simclr_file: Path) -> None:
-    wider = build(model_config(width=0.5, heads=EVAL_HEADS[:1]))
+    # a head that fits the wider trunk (256 features): only the trunk differs from the file
+    wider = build(
+        model_config(width=0.5, heads=[["eval_mlp", {"in_channels": 256, "dims": [256, 10]}]])
+    )
     with pytest.raises(ConfigError) as info:
         init_model_from_weights_params_file(wider, weights_cfg(simclr_file))
     message = str(info.value)
