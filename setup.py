@@ -6,9 +6,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
-VERSION = re.search(
-    r'__version__ = "([^"]+)"', (ROOT / "vissl" / "__init__.py").read_text()
-).group(1)
+_INIT = (ROOT / "vissl" / "__init__.py").read_text()
+VERSION = re.search(r'__version__ = "([^"]+)"', _INIT).group(1)
 
 setup(
     name="vissl",

@@ -35,9 +35,20 @@ and (b) counts device reads per timed step: calls of ``Tensor.item``, ``tolist``
 ``__bool__``, ``__float__``, ``__int__``, ``cpu`` and ``numpy`` (on CUDA also the
 synchronizations reported by ``torch.cuda.set_sync_debug_mode("warn")``).
 
+**Tiny mode** (``--model tiny``): a two-layer MLP (trunk ``benchmark_tiny_mlp``, registered
+by this script, then vissl's ``mlp`` head) on 8 px images in batches of 8, so that a step
+of the hand loop takes well under a millisecond and the trainer's own per-step work
+dominates the difference. It defaults to 1000 timed steps after 50 warm-up, and the
+summary line reads ``added <x> ms/step``: the median over rounds of ``(b - a) / steps``,
+the time vissl's trainer adds to every step.
+
+The last line of the output is ``train_step_overhead: added <x> ms/step (b/a <r>)``: the
+median of the per-round differences and ratios of (b) against (a).
+
 Usage::
 
     python benchmarks/train_step_overhead.py                       # CPU, ResNet-18 at 32 px
+    python benchmarks/train_step_overhead.py --model tiny          # the framework's own cost
     python benchmarks/train_step_overhead.py --device cuda --model resnet50 \\
         --image-size 224 --batch-size 128 --bf16 --channels-last   # GPU
 """
@@ -79,6 +90,42 @@ LABELS = {
 #: Tensor methods that read a value back from the device (a sync on CUDA).
 DEVICE_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
 _MODELS = {"resnet18": (18, 512), "resnet50": (50, 2048)}
+#: ``--model tiny``: trunk name, hidden width, and the defaults it changes.
+TINY_TRUNK = "benchmark_tiny_mlp"
+TINY_HIDDEN = 32
+#: per-model defaults of the flags left unset (``None``) on the command line.
+_DEFAULTS: dict[str, dict[str, int]] = {
+    "resnet18": {"image_size": 32, "batch_size": 32, "steps": 50, "warmup": 10},
+    "resnet50": {"image_size": 32, "batch_size": 32, "steps": 50, "warmup": 10},
+    "tiny": {"image_size": 8, "batch_size": 8, "steps": 1000, "warmup": 50},
+}
+
+
+#: input side of the tiny trunk (``--image-size``), set by :func:`register_tiny_trunk`.
+_tiny_image_size = 8
+
+
+def register_tiny_trunk(image_size: int) -> None:
+    """Register the ``--model tiny`` trunk (flatten, linear, ReLU) once per process."""
+    from torch import nn
+
+    from vissl.models.trunks import MODEL_TRUNKS_REGISTRY, register_model_trunk
+
+    global _tiny_image_size
+    _tiny_image_size = image_size
+    if TINY_TRUNK in MODEL_TRUNKS_REGISTRY:
+        return
+
+    @register_model_trunk(TINY_TRUNK)
+    class TinyMlpTrunk(nn.Module):
+        """``flatten -> linear -> ReLU`` on the image; a step costs tens of microseconds."""
+
+        def __init__(self, model_config: Any, model_name: str = TINY_TRUNK) -> None:
+            super().__init__()
+            self.layer = nn.Linear(3 * _tiny_image_size**2, TINY_HIDDEN)
+
+        def forward(self, x: torch.Tensor, out_feat_keys: Any = None) -> list[torch.Tensor]:
+            return [torch.relu(self.layer(x.flatten(1)))]
 
 
 # ---------------------------------------------------------------------- configuration
@@ -87,18 +134,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Per-step overhead of vissl's trainer against a hand-written loop."
     )
-    p.add_argument("--model", choices=sorted(_MODELS), default="resnet18")
+    p.add_argument(
+        "--model",
+        choices=[*sorted(_MODELS), "tiny"],
+        default="resnet18",
+        help="tiny: a two-layer MLP on 8 px images, a step of well under 1 ms (the "
+        "framework's own cost dominates)",
+    )
     p.add_argument(
         "--width-multiplier",
         type=float,
         default=1.0,
         help="MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER (a multiple of 1/64; < 1 for a quick run)",
     )
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=None, help="default 32 (tiny: 8)")
+    p.add_argument("--batch-size", type=int, default=None, help="default 32 (tiny: 8)")
     p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--steps", type=int, default=50, help="timed steps per run")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps before the window")
+    p.add_argument(
+        "--steps", type=int, default=None, help="timed steps per run (default 50; tiny: 1000)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps before the window (10; tiny: 50)"
+    )
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of a, b, c")
     p.add_argument("--log-frequency", type=int, default=10, help="config.LOG_FREQUENCY")
     p.add_argument(
@@ -128,6 +185,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="extra config override for every side, e.g. config.HOOKS.CHECK_NAN=False",
     )
     args = p.parse_args(argv)
+    for name, value in _DEFAULTS[args.model].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.model == "tiny" and args.width_multiplier != 1.0:
+        p.error("--width-multiplier applies to the ResNets, not to --model tiny")
     for name in ("image_size", "batch_size", "steps", "rounds", "log_frequency", "num_classes"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -140,8 +202,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def config_overrides(args: argparse.Namespace, checkpoint_dir: str, perf_stats: bool) -> list[str]:
     """Hydra overrides of the benchmark's config (shared by all three sides)."""
-    depth, feat_dim = _MODELS[args.model]
-    feat_dim = round(feat_dim * args.width_multiplier)
     total = args.warmup + args.steps
     overrides = [
         f"config={BASE_CONFIG}",
@@ -158,9 +218,7 @@ def config_overrides(args: argparse.Namespace, checkpoint_dir: str, perf_stats: 
         "config.DATA.TRAIN.DROP_LAST=True",
         # the hand loop computes no accuracy; training meters would be extra work
         "config.METERS.names=[]",
-        f"config.MODEL.TRUNK.RESNETS.DEPTH={depth}",
-        f"config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER={args.width_multiplier}",
-        f"config.MODEL.HEAD.PARAMS=[[mlp, {{dims: [{feat_dim}, {args.num_classes}]}}]]",
+        *model_overrides(args),
         "config.OPTIMIZER.num_epochs=1",
         f"config.OPTIMIZER.param_schedulers.lr.value={args.lr}",
         f"config.MACHINE.DEVICE={'gpu' if args.device == 'cuda' else 'cpu'}",
@@ -180,6 +238,23 @@ def config_overrides(args: argparse.Namespace, checkpoint_dir: str, perf_stats: 
     if args.tensorboard:
         overrides.append("config.HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD=True")
     return overrides + list(args.override)
+
+
+def model_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``config.MODEL`` overrides of ``--model`` (and ``--width-multiplier``)."""
+    if args.model == "tiny":
+        register_tiny_trunk(args.image_size)
+        return [
+            f"config.MODEL.TRUNK.NAME={TINY_TRUNK}",
+            f"config.MODEL.HEAD.PARAMS=[[mlp, {{dims: [{TINY_HIDDEN}, {args.num_classes}]}}]]",
+        ]
+    depth, feat_dim = _MODELS[args.model]
+    feat_dim = round(feat_dim * args.width_multiplier)
+    return [
+        f"config.MODEL.TRUNK.RESNETS.DEPTH={depth}",
+        f"config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER={args.width_multiplier}",
+        f"config.MODEL.HEAD.PARAMS=[[mlp, {{dims: [{feat_dim}, {args.num_classes}]}}]]",
+    ]
 
 
 def compose(args: argparse.Namespace, checkpoint_dir: str, perf_stats: bool) -> AttrDict:
@@ -620,6 +695,13 @@ def format_table(
                 f"  {num}/{den} block p20: {f_num / f_den:.4f}; "
                 f"{1000 * (f_num - f_den) / block:+.3f} ms/step"
             )
+    added = added_per_step(results, args.steps, block)
+    lines.append(
+        f"added by the trainer (b - a): {added['wall_ms']:+.3f} ms/step (median over rounds of "
+        f"the per-round difference, range {added['wall_ms_min']:+.3f} to "
+        f"{added['wall_ms_max']:+.3f}); block {added['block_ms']:+.3f} ms/step; "
+        f"cpu {added['cpu_ms']:+.3f} ms/step"
+    )
     last = {v: results[v][-1].final_loss for v in VARIANTS if results[v]}
     same = "identical" if last.get("a") == last.get("b") == last.get("c") else "DIFFERENT"
     lines.append(
@@ -633,7 +715,43 @@ def format_table(
             f"device reads per step {LABELS[v][:3]}: {n / args.steps:.3f} "
             f"({n} in {args.steps} steps: {detail}{sync})"
         )
+    lines.append(summary_line(results, args.steps, block))
     return "\n".join(lines)
+
+
+def added_per_step(
+    results: dict[str, list[RunResult]], steps: int, block: int = 10
+) -> dict[str, float]:
+    """What (b) adds to a step over (a), in ms: robust statistics of the paired rounds.
+
+    ``wall_ms`` is the median over rounds of ``(b - a) / steps`` (both sides of a round ran
+    back to back, so machine-wide drift cancels); ``ratio`` the median of the per-round
+    ``b / a``; ``block_ms`` the difference of the block medians per step; ``cpu_ms`` the
+    median per-round difference of process CPU time.
+    """
+    pairs = list(zip(results["a"], results["b"]))
+    diffs = [1000 * (b.seconds - a.seconds) / steps for a, b in pairs]
+    cpu = [1000 * (b.cpu_seconds - a.cpu_seconds) / steps for a, b in pairs]
+    ratios = [b.seconds / a.seconds for a, b in pairs]
+    block = max(1, min(block, steps))
+    blocks = {v: [x for r in results[v] for x in r.block_seconds(block)] for v in ("a", "b")}
+    block_ms = float("nan")
+    if blocks["a"] and blocks["b"]:
+        block_ms = 1000 * (statistics.median(blocks["b"]) - statistics.median(blocks["a"])) / block
+    return {
+        "wall_ms": statistics.median(diffs),
+        "wall_ms_min": min(diffs),
+        "wall_ms_max": max(diffs),
+        "ratio": statistics.median(ratios),
+        "block_ms": block_ms,
+        "cpu_ms": statistics.median(cpu),
+    }
+
+
+def summary_line(results: dict[str, list[RunResult]], steps: int, block: int = 10) -> str:
+    """The last line of the output: ``train_step_overhead: added <x> ms/step (b/a <r>)``."""
+    added = added_per_step(results, steps, block)
+    return f"train_step_overhead: added {added['wall_ms']:.3f} ms/step (b/a {added['ratio']:.4f})"
 
 
 # ---------------------------------------------------------------------- main
@@ -675,7 +793,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         table = format_table(args, results, reads, device)
         print("\n" + table, flush=True)
-        return {"results": results, "reads": reads, "table": table}
+        return {
+            "results": results,
+            "reads": reads,
+            "table": table,
+            "added": added_per_step(results, args.steps, args.log_frequency),
+        }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         torch.set_num_threads(threads)

@@ -119,6 +119,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr("tqdm.auto.tqdm", FakeBar)
+            # a terminal: the live (tqdm) bar; elsewhere one line per phase (test_progress_bar.py)
+            mp.setattr("vissl.hooks.log_hooks._isatty", lambda stream: True)
             task = train(cfg, [*hooks, recorder])
     finally:
         vissl_logger.removeHandler(logs)
@@ -356,19 +358,21 @@ class NanTask:
 
 def test_nan_check_reads_the_losses_once_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
     reads = []
-    tolist = torch.Tensor.tolist
-
-    def counting_tolist(self: torch.Tensor) -> Any:
-        reads.append(self.numel())
-        return tolist(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
     hook, task = CheckNanLossHook(window=4), NanTask(log_frequency=4)
+    for name in ("tolist", "item"):
+        read = getattr(torch.Tensor, name)
+
+        def counting(self: torch.Tensor, read: Any = read, name: str = name) -> Any:
+            reads.append((task.iteration, name, self.numel()))
+            return read(self)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
     for _ in range(8):
         task.step(hook, 1.0)
-    # iteration 1 (first log iteration), then 4 and 8: one read of all kept losses
-    # plus the last output's flag each time
-    assert reads == [2, 4, 5]
+    # iteration 1 (first log iteration), then 4 and 8: one read of one number each time
+    # (the sum of the kept losses and of the last output), whatever the steps kept
+    assert reads == [(1, "item", 1), (4, "item", 1), (8, "item", 1)]
+    assert hook._losses == []
 
 
 def test_nan_check_names_the_first_bad_iteration_and_dumps_the_batch(tmp_path: Any) -> None:
@@ -401,6 +405,25 @@ def test_nan_check_catches_a_non_finite_output_with_a_finite_loss() -> None:
     hook, task = CheckNanLossHook(window=1), NanTask(1)
     with pytest.raises(FloatingPointError, match="non-finite model output"):
         task.step(hook, 1.0, output=float("nan"))
+
+
+def test_nan_check_is_not_fooled_by_sums() -> None:
+    """The check reads sums first: a sum that overflows is not an error, and +inf and
+    -inf (whose sum is nan) or a nan in one tensor of a list output are."""
+    big = torch.finfo(torch.float32).max
+    hook, task = CheckNanLossHook(window=2), NanTask(2)
+    task.step(hook, big)
+    task.step(hook, big, output=big)  # every sum is inf, every value finite
+    assert hook._losses == []
+    hook, task = CheckNanLossHook(window=1), NanTask(1)
+    task.iteration += 1
+    task.last_batch = SimpleNamespace(
+        loss=torch.tensor(1.0),
+        model_output=[torch.zeros(2), torch.tensor([float("inf"), -float("inf")])],
+        sample={},
+    )
+    with pytest.raises(FloatingPointError, match="non-finite model output"):
+        hook.on_step(task)  # type: ignore[arg-type]
 
 
 class PoisonWeights(VisslHook):

@@ -6,9 +6,10 @@ import datetime
 import json
 import logging
 import os
+import sys
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
@@ -24,7 +25,11 @@ logger = logging.getLogger(__name__)
 
 def _to_float(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return float(value.detach().float().item()) if value.numel() == 1 else value.tolist()
+        if value.numel() != 1:
+            return value.tolist()
+        if value.dtype == torch.float32:  # (the loss, every log iteration: no extra ops)
+            return float(value.item())
+        return float(value.detach().float().item())
     return value
 
 
@@ -35,22 +40,97 @@ def current_lr(task: SelfSupervisionTask) -> float:
     return float(task.optimizer.param_groups[0]["lr"])
 
 
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (where ``tqdm.auto`` draws a widget)."""
+    if "IPython" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        return shell is not None and "IPKernelApp" in shell.config
+    except Exception:  # an IPython that is not what we expect: no widget
+        return False
+
+
+class _FinalLineBar:
+    """A progress bar that draws nothing while the phase runs and, when closed, writes the
+    finished bar as one line (tqdm's format): for a stream that is not a terminal."""
+
+    def __init__(self, total: int, desc: str, initial: int, stream: TextIO) -> None:
+        self.total, self.desc, self.n, self.initial = total, desc, initial, initial
+        self.stream = stream
+        self.postfix: dict[str, Any] = {}
+        self._start = time.perf_counter()
+        self._closed = False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, refresh: bool = True, **kwargs: Any) -> None:
+        self.postfix = kwargs
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if os.environ.get("TQDM_DISABLE"):  # as tqdm itself: any value turns bars off
+            return
+        from tqdm import tqdm
+
+        postfix = ", ".join(f"{k}={str(v).strip()}" for k, v in self.postfix.items())
+        line = tqdm.format_meter(
+            self.n,
+            self.total,
+            time.perf_counter() - self._start,
+            prefix=self.desc,
+            postfix=postfix or None,
+            initial=self.initial,
+        )
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream must not stop training
+            pass
+
+
 class LogLossLrEtaHook(VisslHook):
     """Every LOG_FREQUENCY iterations: log iteration, lr, loss, batch time and ETA.
 
-    Writes the same values as one JSON object per line to ``stdout.json`` and drives a tqdm
-    progress bar with ETA (primary rank only). The loss is read back from the device only
+    Writes the same values as one JSON object per line to ``stdout.json`` and drives a
+    progress bar per phase (primary rank only). The loss is read back from the device only
     on those iterations.
+
+    The progress bar goes to ``stream`` (default: ``sys.stderr``). On a terminal (that
+    stream and ``sys.stdout`` both TTYs, or a Jupyter kernel) it is a tqdm bar redrawn in
+    place at most every 0.5 s; the log handler of :mod:`vissl.utils.logger` clears it,
+    writes a log line and redraws it, so log lines never share a line with the bar. The
+    last step of a phase completes and closes the bar after that step's log line: the
+    finished bar is drawn exactly once. Anywhere else (a file, a pipe, a SLURM log) nothing
+    is drawn while the phase runs and the finished bar is written once, as one line, when
+    the phase ends.
     """
 
     priority = Priority.LOW
 
     def __init__(
-        self, checkpoint_folder: str, progress_bar: bool = True, rolling_btime_freq: int = -1
+        self,
+        checkpoint_folder: str,
+        progress_bar: bool = True,
+        rolling_btime_freq: int = -1,
+        stream: TextIO | None = None,
     ) -> None:
         self.checkpoint_folder = checkpoint_folder
         self.progress_bar = progress_bar
         self.rolling_btime_freq = rolling_btime_freq
+        self.stream = stream
         self._bar: Any = None
         self._start_time = 0.0
         self._last_time = 0.0
@@ -59,17 +139,24 @@ class LogLossLrEtaHook(VisslHook):
         )
         self._train_start_iteration = 0
         self._train_start_time = 0.0
+        self._primary: bool | None = None  # is_primary(), fixed for the run
+        self._json: TextIO | None = None  # stdout.json, open while training runs
+
+    def _is_primary(self) -> bool:
+        if self._primary is None:
+            self._primary = is_primary()
+        return self._primary
 
     def on_start(self, task: SelfSupervisionTask) -> None:
+        self._primary = is_primary()
         self._train_start_iteration = task.iteration
         self._train_start_time = time.perf_counter()
 
     def on_phase_start(self, task: SelfSupervisionTask) -> None:
         self._last_time = time.perf_counter()
         self._start_time = self._last_time
-        if self.progress_bar and is_primary():
-            from tqdm.auto import tqdm
-
+        self._close_bar()
+        if self.progress_bar and self._is_primary():
             split = "TRAIN" if task.train else "TEST"
             total = task.steps_per_phase(split)
             desc = (
@@ -77,9 +164,30 @@ class LogLossLrEtaHook(VisslHook):
                 if task.train
                 else f"test after ep {task.train_phase_idx + 1}"
             )
-            self._bar = tqdm(
-                total=total, desc=desc, dynamic_ncols=True, leave=True, mininterval=0.5
+            # a phase resumed mid-way starts from the steps already done
+            initial = max(0, int(getattr(task, "local_iteration_num", 0)))
+            self._bar = self._make_bar(total, desc, min(initial, total))
+
+    def _make_bar(self, total: int, desc: str, initial: int) -> Any:
+        stream = self.stream if self.stream is not None else sys.stderr
+        if _in_notebook() or (_isatty(stream) and _isatty(sys.stdout)):
+            from tqdm.auto import tqdm
+
+            return tqdm(
+                total=total,
+                desc=desc,
+                initial=initial,
+                file=stream,
+                dynamic_ncols=True,
+                leave=True,
+                mininterval=0.5,
             )
+        return _FinalLineBar(total, desc, initial, stream)
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            bar, self._bar = self._bar, None
+            bar.close()
 
     def _eta_seconds(self, task: SelfSupervisionTask) -> float:
         done = task.iteration - self._train_start_iteration
@@ -93,10 +201,21 @@ class LogLossLrEtaHook(VisslHook):
         if task.train:  # batch time and its rolling average are of train steps
             self._step_times.append(now - self._last_time)
         self._last_time = now
-        if self._bar is not None:
-            self._bar.update(1)
-        if not task.is_log_iteration or not is_primary():
-            return
+        bar = self._bar
+        # The phase's last step: the bar is completed and closed after this step's log
+        # line, so that its finished state is drawn once (a redraw after the log line
+        # followed by close() would draw it twice).
+        last = bar is not None and bar.n + 1 >= bar.total
+        if bar is not None and not last:
+            bar.update(1)
+        if task.is_log_iteration and self._is_primary():
+            self._log(task, bar)
+        if last:
+            bar.n += 1
+            self._close_bar()
+
+    def _log(self, task: SelfSupervisionTask, bar: Any) -> None:
+        """The log line, the ``stdout.json`` record and the bar's postfix of a log iteration."""
         loss = _to_float(task.last_batch.loss) if task.last_batch is not None else float("nan")
         times = self._step_times
         btime_ms = 1000.0 * sum(times) / len(times) if times else float("nan")
@@ -134,12 +253,9 @@ class LogLossLrEtaHook(VisslHook):
                 btime_ms,
                 record["eta"],
             )
-            with open(
-                os.path.join(self.checkpoint_folder, "stdout.json"), "a", encoding="utf-8"
-            ) as f:
-                f.write(json.dumps(record) + "\n")
-        if self._bar is not None:
-            self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.4g}", refresh=False)
+            self._write_json(record)
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.4g}", refresh=False)
         if (
             self.rolling_btime_freq > 0
             and task.train
@@ -151,11 +267,23 @@ class LogLossLrEtaHook(VisslHook):
                 btime_ms,
             )
 
+    def _write_json(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to ``stdout.json`` (kept open while training; flushed per line)."""
+        if self._json is None or self._json.closed:
+            self._json = open(  # closed in on_end / on_exception
+                os.path.join(self.checkpoint_folder, "stdout.json"), "a", encoding="utf-8"
+            )
+        self._json.write(json.dumps(record) + "\n")
+        self._json.flush()
+
+    def _close_json(self) -> None:
+        if self._json is not None:
+            json_file, self._json = self._json, None
+            json_file.close()
+
     def on_phase_end(self, task: SelfSupervisionTask) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        if is_primary():
+        self._close_bar()  # a phase cut short (fewer steps than the bar's total)
+        if self._is_primary():
             elapsed = time.perf_counter() - self._start_time
             logger.info(
                 "phase %d (%s) done in %.1fs: average loss %.5f",
@@ -170,9 +298,8 @@ class LogLossLrEtaHook(VisslHook):
         self.on_exception(task)
 
     def on_exception(self, task: SelfSupervisionTask) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        self._close_bar()
+        self._close_json()
 
 
 class LogPerfTimeMetricsHook(VisslHook):

@@ -4,6 +4,7 @@ parameters frozen for the first iterations (``MODEL.TEMP_FROZEN_PARAMS_ITER_MAP`
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,23 @@ if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
+
+
+def _sums(output: Any) -> list[torch.Tensor] | None:
+    """One float32 0-d sum per tensor in ``output`` (no host read); None when a tensor is
+    not a dense real one (its finiteness is then checked element-wise)."""
+    if isinstance(output, torch.Tensor):
+        if output.layout != torch.strided or output.is_complex():
+            return None
+        return [output.sum(dtype=torch.float32)]  # (called under no_grad)
+    sums: list[torch.Tensor] = []
+    if isinstance(output, list | tuple):
+        for item in output:
+            part = _sums(item)
+            if part is None:
+                return None
+            sums.extend(part)
+    return sums
 
 
 def _all_finite(output: Any) -> torch.Tensor | None:
@@ -36,11 +54,13 @@ class CheckNanLossHook(VisslHook):
     (``rank{r}_input_sample.pth``, ``rank{r}_model_output.pth`` in the checkpoint folder).
 
     No device work per step: each step's loss (already detached by the train step) is
-    kept by reference; every LOG_FREQUENCY iterations and at phase end the kept losses are
-    stacked and read back once, with the finiteness of the last model output, before any
-    checkpoint is written (this hook runs first at phase end, and checkpoints refuse
-    non-finite weights anyway). A non-finite model output almost always makes the loss
-    non-finite; the output itself is checked on the batches of those reads.
+    kept by reference; every LOG_FREQUENCY iterations and at phase end one number is read
+    back, the sum of the kept losses and of the last model output (a sum is finite when
+    all its terms are), before any checkpoint is written (this hook runs first at phase
+    end, and checkpoints refuse non-finite weights anyway). Only when it is not finite are
+    the values checked one by one, to name the first bad iteration. A non-finite model
+    output almost always makes the loss non-finite; the output itself is checked on the
+    batches of those reads.
     """
 
     priority = Priority.HIGHEST
@@ -86,12 +106,21 @@ class CheckNanLossHook(VisslHook):
         n = len(self._iters)
         if n == 0:
             return
+        last = task.last_batch
         with torch.no_grad():  # the losses are detached already; no per-loss ops
-            values = torch.stack(
-                [t.float() if t.dim() == 0 else t.float().reshape(()) for t in self._losses]
-            )
+            losses = self._losses
+            if not all(t.dim() == 0 and t.dtype == torch.float32 for t in losses):
+                losses = [t.float().reshape(()) for t in losses]
+            # Fast path, three ops and one read: a sum is finite when every term is (a
+            # sum of finite terms that overflows only sends us to the check below).
+            out_sums = _sums(last.model_output) if last is not None else []
+            if out_sums is not None and math.isfinite(
+                torch.stack([*losses, *out_sums]).sum().item()
+            ):
+                self._clear()
+                return
+            values = torch.stack(losses)
             flags = torch.isfinite(values)
-            last = task.last_batch
             out_ok = _all_finite(last.model_output) if last is not None else None
             if out_ok is not None:
                 flags = torch.cat([flags, out_ok.reshape(1)])
@@ -115,6 +144,9 @@ class CheckNanLossHook(VisslHook):
                 "learning rate (config.OPTIMIZER.param_schedulers.lr), check the data, or set "
                 "config.HOOKS.CHECK_NAN=False to train on anyway."
             )
+        self._clear()
+
+    def _clear(self) -> None:
         self._losses.clear()
         self._iters.clear()
         self._phases.clear()

@@ -107,6 +107,10 @@ class SelfSupervisionTask:
         self.enable_training_meter = bool(config.METERS.get("enable_training_meter", True))
         self.enable_manual_gradient_reduction = bool(config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION)
         self.grad_accumulation_steps = int(config.OPTIMIZER.GRAD_ACCUMULATION_STEPS)
+        # Read every step (by several hooks): looked up in the (read-only) config once.
+        self._log_frequency = max(1, int(config.LOG_FREQUENCY))
+        self._global_batchsize: dict[bool, int] = {}  # train -> samples per step
+        self._world_size: int | None = None
         self.micro_step = 0
         # a hook may set these (or call request_stop) to end training after the current step
         self.stop_training = False
@@ -248,6 +252,13 @@ class SelfSupervisionTask:
         return self.iteration / self.max_iteration
 
     @property
+    def world_size(self) -> int:
+        """Number of training processes (read once: it is fixed while the task trains)."""
+        if self._world_size is None:
+            self._world_size = get_world_size()
+        return self._world_size
+
+    @property
     def is_log_iteration(self) -> bool:
         """Whether the step just completed is one to log (every LOG_FREQUENCY, and the 1st).
 
@@ -255,7 +266,7 @@ class SelfSupervisionTask:
         (the trainer has already counted the step when ``on_step`` runs).
         """
         n = self.iteration if self.train else self.local_iteration_num
-        return n == 1 or n % max(1, int(self.config.LOG_FREQUENCY)) == 0
+        return n == 1 or n % self._log_frequency == 0
 
     @property
     def checkpoints_written_this_phase(self) -> list[str]:
@@ -264,9 +275,15 @@ class SelfSupervisionTask:
 
     def get_global_batchsize(self) -> int:
         """Samples per optimizer step over all ranks (times the accumulation steps)."""
+        cached = self._global_batchsize.get(self.train)
+        if cached is not None:
+            return cached
         split = "TRAIN" if self.train else "TEST"
         accumulation = self.grad_accumulation_steps if self.train else 1
-        return int(self.config.DATA[split].BATCHSIZE_PER_REPLICA) * get_world_size() * accumulation
+        size = int(self.config.DATA[split].BATCHSIZE_PER_REPLICA) * self.world_size * accumulation
+        # the config is read-only and the world size fixed while the task trains
+        self._global_batchsize[self.train] = size
+        return size
 
     def steps_per_phase(self, split: str) -> int:
         """Optimizer steps (train) or batches (test) in one phase of ``split``."""

@@ -10,16 +10,57 @@ _FORMAT = "%(levelname)s %(asctime)s %(name)s:%(lineno)d] %(message)s"
 
 
 class _TqdmAwareHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes through ``tqdm.write`` so log lines do not break an active progress bar."""
+    """Writes log lines through an active tqdm progress bar without garbling it.
+
+    The bars drawn on the same terminal are cleared, the line is written *and flushed*,
+    then the bars are redrawn (``tqdm.external_write_mode``). Flushing inside that window
+    matters when stdout is buffered: a line flushed after the redraw would land after the
+    bar, on its line.
+    """
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            from tqdm import tqdm
-
-            tqdm.write(self.format(record), file=self.stream)
-            self.flush()
+            msg = self.format(record) + self.terminator
+            # (no import per line: without tqdm imported there is no bar to clear)
+            tqdm_std = sys.modules.get("tqdm.std")
+            tqdm = getattr(tqdm_std, "tqdm", None)
+            if not getattr(tqdm, "_instances", None):  # no bar alive: nothing to clear
+                self.stream.write(msg)
+                self.flush()
+                return
+            with tqdm.external_write_mode(file=self.stream):  # type: ignore[union-attr]
+                self.stream.write(msg)
+                self.flush()
+        except RecursionError:
+            raise
         except Exception:
             self.handleError(record)
+
+
+class _SharedFormatter(logging.Formatter):
+    """A formatter that formats a record once for all the handlers sharing it (stdout
+    and ``log.txt`` get the same text), and the time once per second."""
+
+    _last_time: tuple[int, str | None, str] = (-1, None, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is None:  # the default format shows milliseconds: not cached
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        last = self._last_time
+        if last[0] == second and last[1] == datefmt:
+            return last[2]
+        text = super().formatTime(record, datefmt)
+        self._last_time = (second, datefmt, text)
+        return text
+
+    def format(self, record: logging.LogRecord) -> str:
+        cached = record.__dict__.get("_vissl_text")
+        if cached is not None and cached[0] == id(self):
+            return str(cached[1])
+        text = super().format(record)
+        record._vissl_text = (id(self), text)  # type: ignore[attr-defined]
+        return text
 
 
 def setup_logging(output_dir: str | None, rank: int = 0, verbose: bool = False) -> logging.Logger:
@@ -31,7 +72,7 @@ def setup_logging(output_dir: str | None, rank: int = 0, verbose: bool = False) 
             handler.close()
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False
-    fmt = logging.Formatter(_FORMAT, datefmt="%H:%M:%S")
+    fmt = _SharedFormatter(_FORMAT, datefmt="%H:%M:%S")
     stream = _TqdmAwareHandler(sys.stdout)
     stream.setLevel(logging.DEBUG if verbose else logging.INFO if rank == 0 else logging.WARNING)
     stream.setFormatter(fmt)

@@ -98,6 +98,14 @@ class ParamSchedulerSet:
                 raise ValueError(f"update interval of {name!r} must be 'step' or 'epoch'.")
         self.configs: dict[str, AttrDict] = dict(configs or {})
         self.head_follows_weight_decay = bool(head_follows_weight_decay)
+        #: the schedules :meth:`apply` updates per interval (None: all of them)
+        self._due: dict[str | None, frozenset[str]] = {
+            interval: frozenset(
+                n for n, i in self._intervals.items() if n in self._schedulers and i == interval
+            )
+            for interval in UPDATE_INTERVALS
+        }
+        self._due[None] = frozenset(self._schedulers)
 
     @property
     def names(self) -> list[str]:
@@ -151,25 +159,27 @@ class ParamSchedulerSet:
             where: training progress in ``[0, 1]`` (1.0 is clamped just below 1).
             interval: ``"step"`` or ``"epoch"``; ``None`` updates every group.
         """
-        if interval is not None and interval not in UPDATE_INTERVALS:
+        due = self._due.get(interval)
+        if due is None:
             raise ValueError(f"interval must be 'step', 'epoch' or None, got {interval!r}.")
+        if not due:
+            return  # (e.g. every schedule is per epoch and this is a step)
         w = clamp_where(where)
-        cache: dict[str, float] = {}
-
-        def value(name: str) -> float:
-            if name not in cache:
-                cache[name] = float(self._schedulers[name](w))
-            return cache[name]
-
-        schedule_wd = self.has_weight_decay and (
-            interval is None or self._intervals["weight_decay"] == interval
-        )
+        # Runs every step: each schedule is evaluated at most once, and only if due.
+        values: dict[str, float] = {}
+        schedule_wd = "weight_decay" in due
         for group in optimizer.param_groups:
             name = self.group_schedule_name(group)
-            if interval is None or self._intervals[name] == interval:
-                group["lr"] = value(name)
+            if name in due:
+                lr = values.get(name)
+                if lr is None:
+                    lr = values[name] = float(self._schedulers[name](w))
+                group["lr"] = lr
             if schedule_wd and self.follows_weight_decay(group):
-                group["weight_decay"] = value("weight_decay")
+                wd = values.get("weight_decay")
+                if wd is None:
+                    wd = values["weight_decay"] = float(self._schedulers["weight_decay"](w))
+                group["weight_decay"] = wd
 
     def __repr__(self) -> str:
         parts = ", ".join(

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 
 _TINY = torch.finfo(torch.float32).tiny
+_NULL_CONTEXT = contextlib.nullcontext()
 # Entries of a dict loss that are not logged as ``loss.<key>`` extras.
 _RESERVED_LOSS_KEYS = ("loss", "loss_weight")
 
@@ -200,14 +201,25 @@ class StandardTrainStep:
             sample["input"] = to_channels_last(sample["input"])
         return sample
 
-    def forward_context(self, task: SelfSupervisionTask, sync: bool = True) -> contextlib.ExitStack:
-        """Grad mode, the reducer's context (e.g. ``no_sync``) and autocast."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.enable_grad() if task.train else torch.no_grad())
+    def forward_context(
+        self, task: SelfSupervisionTask, sync: bool = True
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Grad mode, the reducer's context (e.g. ``no_sync``) and autocast, entered in
+        that order (an ``ExitStack`` when more than grad mode is needed)."""
+        grad_mode = torch.enable_grad() if task.train else torch.no_grad()
+        contexts: list[contextlib.AbstractContextManager[Any]] = []
         if task.train:
-            stack.enter_context(task.grad_reducer.context(task.model))
-            stack.enter_context(self.sync_context(task, sync))
-        stack.enter_context(task.precision.autocast())
+            contexts.append(task.grad_reducer.context(task.model))
+            contexts.append(self.sync_context(task, sync))
+        contexts.append(task.precision.autocast())
+        # fp32 on one process: every context but grad mode is a no-op; skip the stack
+        needed = [c for c in contexts if type(c) is not contextlib.nullcontext]
+        if not needed:
+            return grad_mode
+        stack = contextlib.ExitStack()
+        stack.enter_context(grad_mode)
+        for context in needed:
+            stack.enter_context(context)
         return stack
 
     @staticmethod
@@ -215,9 +227,11 @@ class StandardTrainStep:
         task: SelfSupervisionTask, sync: bool
     ) -> contextlib.AbstractContextManager[Any]:
         """DDP's ``no_sync`` for micro-batches that must not all-reduce gradients yet."""
+        if sync:
+            return _NULL_CONTEXT
         no_sync = getattr(task.model, "no_sync", None)
-        if sync or no_sync is None:
-            return contextlib.nullcontext()
+        if no_sync is None:
+            return _NULL_CONTEXT
         return no_sync()  # type: ignore[no-any-return]
 
     def forward(self, task: SelfSupervisionTask, sample: dict[str, Any]) -> Any:
@@ -268,7 +282,7 @@ class StandardTrainStep:
             task.last_batch.loss = values[0]
             for i, key in enumerate(extras, start=1):
                 task.additional_log_data[f"loss.{key}"] = values[i]
-        elif get_world_size() > 1:
+        elif task.world_size > 1:
             task.last_batch.loss = all_reduce_mean(local_loss.detach().float().clone())
         else:
             task.last_batch.loss = local_loss.detach()
