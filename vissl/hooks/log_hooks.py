@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from vissl.hooks.base import Priority, VisslHook
+from vissl.hooks.log_values import read_log_values
 from vissl.utils.distributed import is_primary
 from vissl.utils.perf_stats import PerfStats
 
@@ -21,16 +22,6 @@ if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
-
-
-def _to_float(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            return value.tolist()
-        if value.dtype == torch.float32:  # (the loss, every log iteration: no extra ops)
-            return float(value.item())
-        return float(value.detach().float().item())
-    return value
 
 
 def current_lr(task: SelfSupervisionTask) -> float:
@@ -216,7 +207,8 @@ class LogLossLrEtaHook(VisslHook):
 
     def _log(self, task: SelfSupervisionTask, bar: Any) -> None:
         """The log line, the ``stdout.json`` record and the bar's postfix of a log iteration."""
-        loss = _to_float(task.last_batch.loss) if task.last_batch is not None else float("nan")
+        values, _ = read_log_values(task)  # (read once per step, shared with other hooks)
+        loss = values.pop("loss")
         times = self._step_times
         btime_ms = 1000.0 * sum(times) / len(times) if times else float("nan")
         record: dict[str, Any] = {
@@ -229,8 +221,7 @@ class LogLossLrEtaHook(VisslHook):
             "lr": current_lr(task),
             "btime(ms)": round(btime_ms, 2),
         }
-        for key, value in task.additional_log_data.items():
-            record[key] = _to_float(value)
+        record.update(values)  # task.additional_log_data
         if task.train:
             eta = self._eta_seconds(task)
             record["eta"] = str(datetime.timedelta(seconds=int(eta))) if eta == eta else "unknown"

@@ -13,6 +13,7 @@ import torch
 
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
+from vissl.hooks.log_values import read_log_values
 from vissl.utils.checkpoint import detach_to_cpu
 
 if TYPE_CHECKING:
@@ -114,11 +115,17 @@ class CheckNanLossHook(VisslHook):
             # Fast path, three ops and one read: a sum is finite when every term is (a
             # sum of finite terms that overflows only sends us to the check below).
             out_sums = _sums(last.model_output) if last is not None else []
-            if out_sums is not None and math.isfinite(
-                torch.stack([*losses, *out_sums]).sum().item()
-            ):
-                self._clear()
-                return
+            if out_sums is not None:
+                total = torch.stack([*losses, *out_sums]).sum()
+                if last is not None and self._losses[-1] is last.loss:
+                    # the same read brings the log values (loss, loss.<k>) to the host
+                    # for the log hooks of this step
+                    total_value = read_log_values(task, total)[1][0]
+                else:
+                    total_value = total.item()
+                if math.isfinite(total_value):
+                    self._clear()
+                    return
             values = torch.stack(losses)
             flags = torch.isfinite(values)
             out_ok = _all_finite(last.model_output) if last is not None else None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from vissl.hooks.base import Priority, VisslHook
 from vissl.hooks.log_hooks import current_lr
+from vissl.hooks.log_values import read_log_values
 from vissl.utils.distributed import is_primary
 
 if TYPE_CHECKING:
@@ -66,15 +67,16 @@ class SSLTensorboardHook(VisslHook):
             return
         now = time.perf_counter()
         step = task.iteration
-        self.writer.add_scalar("Losses/train_loss", float(task.last_batch.loss), step)
+        values, _ = read_log_values(task)  # (read once per step, shared with other hooks)
+        self.writer.add_scalar("Losses/train_loss", values.pop("loss"), step)
         self.writer.add_scalar("Learning_rate/train", current_lr(task), step)
         self.writer.add_scalar(
             "Speed/Batch_processing_time_ms",
             1000.0 * (now - self._last) / max(1, self._steps),
             step,
         )
-        for key, value in task.additional_log_data.items():
-            self.writer.add_scalar(f"Losses/train_{key}", float(value), step)
+        for key, value in values.items():  # task.additional_log_data
+            self.writer.add_scalar(f"Losses/train_{key}", value, step)
         self._last, self._steps = now, 0
         if self.log_params_every_n_iters > 0 and step % self.log_params_every_n_iters == 0:
             self._histograms(task)

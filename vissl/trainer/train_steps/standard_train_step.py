@@ -63,7 +63,15 @@ class LastBatchInfo:
     micro-batches and ranks (a float32 device tensor).
     """
 
-    __slots__ = ("loss", "loss_extras", "loss_weight", "model_output", "sample", "target")
+    __slots__ = (
+        "log_values",
+        "loss",
+        "loss_extras",
+        "loss_weight",
+        "model_output",
+        "sample",
+        "target",
+    )
 
     def __init__(self) -> None:
         self.sample: dict[str, Any] = {}
@@ -72,6 +80,8 @@ class LastBatchInfo:
         self.loss_extras: dict[str, torch.Tensor] = {}
         self.loss_weight: torch.Tensor | None = None
         self.target: Any = None
+        #: what :func:`vissl.hooks.log_values.read_log_values` read on a log iteration
+        self.log_values: Any = None
 
 
 def as_loss_weight(value: Any, loss: torch.Tensor, loss_name: str) -> torch.Tensor:
