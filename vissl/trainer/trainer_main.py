@@ -9,7 +9,8 @@ The loop::
         on_phase_start
         until the data iterator is exhausted or every rank agreed to stop:
             task = step(task); iteration += 1 (train); on_step
-        meters synced across ranks; barrier; on_phase_end
+        the next phase's data iterator started (with loader workers: its first batches
+        are made while this phase ends); meters synced across ranks; barrier; on_phase_end
     task.end_reason = "finished" (or the stop's kind); on_end
     (on any exception: task.end_reason = "error", on_exception, then re-raise)
 
@@ -76,6 +77,8 @@ class SelfSupervisionTrainer:
         self.device = device
         self.hooks = hooks
         self.checkpoint_path = checkpoint_path
+        # (phase index, data iterator) started ahead by _prefetch_next_phase
+        self._prefetched: tuple[int, Any] | None = None
         self.task: SelfSupervisionTask | None = None
 
     def build_task(self, step: Any = None) -> SelfSupervisionTask:
@@ -145,6 +148,7 @@ class SelfSupervisionTrainer:
                     self._stop(task, stopper, mid_phase=True)
                     stopped = True
                     break
+                self._prefetch_next_phase(task)
                 for meter in task.meters:
                     meter.sync_state()
                 barrier()
@@ -236,15 +240,17 @@ class SelfSupervisionTrainer:
             task.train_phase_idx += 1
         split = "TRAIN" if task.train else "TEST"
         loader = task.dataloaders[split]
-        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(task.phase_idx)
         pending = task.pending_resume
         resuming = pending is not None
-        if pending is not None and hasattr(loader.sampler, "set_start_iter"):
-            batches_per_step = task.grad_accumulation_steps if task.train else 1
-            loader.sampler.set_start_iter(pending["start_iter"] * batches_per_step)
-        task.data_iterator = iter(loader)
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] == task.phase_idx and not resuming:
+            task.data_iterator = prefetched[1]  # started at the end of the last phase
+        else:
+            _set_epoch(loader, task.phase_idx)
+            if pending is not None and hasattr(loader.sampler, "set_start_iter"):
+                batches_per_step = task.grad_accumulation_steps if task.train else 1
+                loader.sampler.set_start_iter(pending["start_iter"] * batches_per_step)
+            task.data_iterator = iter(loader)
         task.data_and_label_keys = {
             "input": list(self.cfg.DATA[split].INPUT_KEY_NAMES),
             "target": list(self.cfg.DATA[split].TARGET_KEY_NAMES),
@@ -276,6 +282,31 @@ class SelfSupervisionTrainer:
                 task.num_train_phases,
                 task.steps_per_phase(split),
             )
+
+    def _prefetch_next_phase(self, task: SelfSupervisionTask) -> None:
+        """Start the next phase's data iterator as soon as this phase's data ends.
+
+        Its loader workers then make the next phase's first batches while this phase
+        ends (meter sync, checkpoint writes, the phase-end hooks) instead of after it.
+        Only with loader workers (without, ``iter()`` does no work ahead); the order of
+        the batches is the same as when the iterator starts in ``_advance_phase``: the
+        sampler's epoch is the next phase's index either way.
+        """
+        nxt = task.phase_idx + 1
+        if nxt >= len(task.phases) or task.pending_resume is not None:
+            return
+        split = "TRAIN" if task.phases[nxt]["train"] else "TEST"
+        loader = task.dataloaders[split]
+        if int(getattr(loader, "num_workers", 0) or 0) <= 0:
+            return
+        _set_epoch(loader, nxt)
+        self._prefetched = (nxt, iter(loader))
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
 
 
 def device_is_cuda(device: torch.device) -> bool:
