@@ -129,3 +129,10 @@ def test_missing_loss_non_scalars_and_a_last_batch_without_room() -> None:
     task = SimpleNamespace(last_batch=None, additional_log_data={})
     values, also = read_log_values(task, torch.tensor(3.0))
     assert math.isnan(values["loss"]) and also == [3.0]
+
+
+def test_a_value_changed_in_place_is_read_again() -> None:
+    task = task_with(torch.tensor(1.0))
+    assert read_log_values(task)[0]["loss"] == 1.0
+    task.last_batch.loss.mul_(3)  # a hook rescales the loss in place after the read
+    assert read_log_values(task)[0]["loss"] == 3.0

@@ -26,7 +26,7 @@ import pytest
 
 from tests._tiny_run import TEST_STEPS_PER_PHASE, TRAIN_STEPS_PER_PHASE, tiny_config
 from tests._tiny_run import train_in_process as train
-from vissl.hooks import default_hook_generator
+from vissl.hooks import VisslHook, default_hook_generator
 from vissl.hooks.log_hooks import LogLossLrEtaHook
 from vissl.utils.logger import _FORMAT, _SharedFormatter, _TqdmAwareHandler
 
@@ -263,3 +263,41 @@ def test_log_lines_are_the_same_text_with_the_formatter_caches() -> None:
     other = logging.LogRecord("vissl.x", logging.INFO, __file__, 7, "x", (), None)
     other.created = 1e9 + 0.5
     assert shared.formatTime(other, "%H:%M:%S.") == plain.formatTime(other, "%H:%M:%S.")
+
+
+class CrashAt(VisslHook):
+    """Raise right after a train iteration (after the checkpoint hook saved it)."""
+
+    priority = 1000
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def on_step(self, task: Any) -> None:
+        if task.train and task.iteration == self.iteration:
+            raise RuntimeError(f"simulated crash at {self.iteration}")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_run_resumed_mid_phase_shows_the_whole_phase(
+    tmp_path: Any, outputs: Any, workers: int
+) -> None:
+    """Resumed from iteration 2 of 4: the bar counts 2 -> 4 of 4 (without loader workers
+    the sampler's length leaves the skipped batches out until its first batch)."""
+    cfg = tiny_config(
+        tmp_path,
+        "config.HOOKS.PROGRESS_BAR=True",
+        "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
+        f"config.DATA.NUM_DATALOADER_WORKERS={workers}",
+        "config.MULTI_PROCESSING_METHOD=fork",
+    )
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg, [*default_hook_generator(cfg), CrashAt(3)])
+    out = outputs(tty=False)
+    train(
+        cfg, default_hook_generator(cfg), checkpoint_path=str(tmp_path / "model_iteration2.torch")
+    )
+    bars = [line for line in out.text.splitlines() if line.startswith("train ep 1/2:")]
+    assert len(bars) == 1 and bars[0].startswith(finished("train ep 1/2"))
+    assert f"| {TRAIN}/{TRAIN} [" in bars[0], bars[0]
+    assert "iter: 4/8" in out.text  # the whole run's iterations, as before

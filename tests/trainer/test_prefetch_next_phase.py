@@ -79,15 +79,55 @@ def test_the_next_phase_is_read_while_this_phase_ends(
     assert waiter.seen == [True, True]
 
 
-def test_without_workers_nothing_is_started_ahead(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+def spy_prefetch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What each call of ``_prefetch_next_phase`` left started (None: nothing)."""
+    started: list[Any] = []
+    original = SelfSupervisionTrainer._prefetch_next_phase
+
+    def spy(self: Any, task: Any) -> None:
+        original(self, task)
+        started.append(self._prefetched)
+
+    monkeypatch.setattr(SelfSupervisionTrainer, "_prefetch_next_phase", spy)
+    return started
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_only_loader_workers_get_the_next_phase_started(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    mark_epochs(monkeypatch, str(markers))
-    waiter = WaitForNextPhaseData(str(markers), timeout=0.3)
-    run(tmp_path, "no_workers", [waiter], "config.DATA.NUM_DATALOADER_WORKERS=0")
-    assert waiter.seen == [False, False]
+    started = spy_prefetch(monkeypatch)
+    run(tmp_path, f"w{workers}", [], f"config.DATA.NUM_DATALOADER_WORKERS={workers}")
+    # phase ends 0, 1 and 2 (the last: nothing after it)
+    assert len(started) == 3 and started[2] is None
+    if workers:
+        assert [p[0] for p in started[:2]] == [1, 2]
+    else:  # iter() without workers runs nothing ahead: not started
+        assert started[:2] == [None, None]
+
+
+def test_a_next_phase_that_cannot_start_early_starts_after_the_phase_end(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starting the iterator ahead fails (say, workers cannot fork): a warning, the
+    phase's checkpoint is still written, and the next phase starts its data as before."""
+    import vissl.trainer.trainer_main as trainer_main
+
+    original = trainer_main._set_epoch
+    failed: list[int] = []
+
+    def failing_once(loader: Any, epoch: int) -> None:
+        if epoch == 1 and not failed:  # the prefetch at the end of phase 0
+            failed.append(epoch)
+            raise OSError("Cannot allocate memory")
+        original(loader, epoch)
+
+    monkeypatch.setattr(trainer_main, "_set_epoch", failing_once)
+    records = run(tmp_path, "failing", [])
+    assert failed == [1] and len(records) == 12  # every step of the three epochs ran
+    assert (tmp_path / "failing" / "model_phase0.torch").exists()
+    log = (tmp_path / "failing" / "log.txt").read_text()
+    assert "could not start phase 1's data ahead (Cannot allocate memory)" in log
 
 
 def test_the_batches_are_the_same_as_without_prefetching(

@@ -28,8 +28,20 @@ def _items(task: SelfSupervisionTask) -> list[tuple[str, Any]]:
     return [("loss", loss), *extras.items()]
 
 
-def _same(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
-    return len(a) == len(b) and all(x[0] == y[0] and x[1] is y[1] for x, y in zip(a, b))
+def _version(value: Any) -> int:
+    """A tensor's in-place change counter (-1 for anything else)."""
+    return int(value._version) if isinstance(value, torch.Tensor) else -1
+
+
+def _key(items: list[tuple[str, Any]]) -> list[tuple[str, Any, int]]:
+    """What the kept values were read from: each entry's object and its version."""
+    return [(k, v, _version(v)) for k, v in items]
+
+
+def _same(a: list[tuple[str, Any, int]], b: list[tuple[str, Any]]) -> bool:
+    return len(a) == len(b) and all(
+        x[0] == y[0] and x[1] is y[1] and x[2] == _version(y[1]) for x, y in zip(a, b)
+    )
 
 
 def _read(tensors: list[torch.Tensor]) -> list[float]:
@@ -56,7 +68,8 @@ def read_log_values(
     values stay as they are. The first call of a step reads the device once per device
     the tensors live on, together with the one-element tensors ``also`` (whose values are
     returned second and not kept); later calls in the same step reuse what was read (kept
-    on ``task.last_batch`` while the loss and the entries are the same objects).
+    on ``task.last_batch`` while the loss and the entries are the same objects, not
+    changed in place).
     """
     items = _items(task)
     last = task.last_batch
@@ -79,7 +92,7 @@ def read_log_values(
             out[key] = value
     if last is not None:
         try:
-            setattr(last, _CACHE, (items, out))
+            setattr(last, _CACHE, (_key(items), out))
         except AttributeError:  # a custom step's last_batch without room for it: no cache
             pass
     return dict(out), read[len(scalars) :]

@@ -286,8 +286,13 @@ class SelfSupervisionTask:
         return size
 
     def steps_per_phase(self, split: str) -> int:
-        """Optimizer steps (train) or batches (test) in one phase of ``split``."""
-        batches = len(self.dataloaders[split])
+        """Optimizer steps (train) or batches (test) in one phase of ``split``: the whole
+        phase, also while a resumed phase's sampler still has batches to skip."""
+        loader = self.dataloaders[split]
+        # len() leaves out the batches a mid-phase resume skips until the sampler is first
+        # iterated (at once with loader workers, at the first batch without): add them back
+        skipped = getattr(getattr(loader, "sampler", None), "start_iter", 0)
+        batches = len(loader) + (skipped if isinstance(skipped, int) else 0)
         return batches // self.grad_accumulation_steps if split == "TRAIN" else batches
 
     def run_hooks(self, event: str) -> None:

@@ -120,6 +120,7 @@ class SelfSupervisionTrainer:
         )
         stopper = StopController(check_every=STOP_CHECK_EVERY)
         stopped = False
+        self._prefetched = None
         try:
             stopper.install()
             task.run_hooks("on_start")
@@ -174,6 +175,7 @@ class SelfSupervisionTrainer:
             raise
         finally:
             stopper.uninstall()
+            self._prefetched = None  # (a stop or an error: the iterator is not needed)
         return task
 
     def _stop(self, task: SelfSupervisionTask, stopper: StopController, mid_phase: bool) -> None:
@@ -293,14 +295,22 @@ class SelfSupervisionTrainer:
         sampler's epoch is the next phase's index either way.
         """
         nxt = task.phase_idx + 1
-        if nxt >= len(task.phases) or task.pending_resume is not None:
+        if nxt >= len(task.phases) or task.stop_training:  # (a stop: no next phase)
             return
         split = "TRAIN" if task.phases[nxt]["train"] else "TEST"
         loader = task.dataloaders[split]
         if int(getattr(loader, "num_workers", 0) or 0) <= 0:
             return
-        _set_epoch(loader, nxt)
-        self._prefetched = (nxt, iter(loader))
+        try:
+            _set_epoch(loader, nxt)
+            self._prefetched = (nxt, iter(loader))
+        except Exception as err:  # e.g. workers that cannot start (out of memory, files)
+            # Not here, before this phase's checkpoint: _advance_phase starts it again
+            # after the phase end, where a failure no longer costs the phase's work.
+            logger.warning(
+                "could not start phase %d's data ahead (%s); starting it later", nxt, err
+            )
+            self._prefetched = None
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
