@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import re
-import sys
 from types import ModuleType
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "benchmarks", "data_pipeline.py")
+from tests.benchmarks._load import REPO, load_benchmark
 
 
 def _load() -> ModuleType:
-    name = "vissl_benchmark_data_pipeline"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("data_pipeline.py")
 
 
 def test_benchmark_prints_the_table_and_the_ratio_last(capsys):
@@ -84,7 +74,7 @@ def test_images_look_like_imagenet_jpegs(tmp_path):
 def test_benchmark_through_data_loader_workers(capsys, monkeypatch):
     # imported under its own name from sys.path, so that the workers (forkserver) can
     # unpickle the baseline's dataset class
-    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
     bench = importlib.import_module("data_pipeline")
     bench.main(["--chain", "simclr", "--num-images", "4", "--rounds", "2", "--workers", "1"])
     out = capsys.readouterr().out

@@ -3,28 +3,15 @@ and last line (no timing checks)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import sys
 from types import ModuleType
 
+from tests.benchmarks._load import load_benchmark
 from vissl.trainer.trainer_main import SelfSupervisionTrainer
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "benchmarks", "phase_start_wait.py")
 
 
 def _load() -> ModuleType:
-    name = "vissl_benchmark_phase_start_wait"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("phase_start_wait.py")
 
 
 def test_benchmark_measures_every_boundary_of_both_variants(capsys):

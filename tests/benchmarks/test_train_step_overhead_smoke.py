@@ -3,28 +3,16 @@ checks), for the ResNet and for the tiny model."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import sys
 from types import ModuleType
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "benchmarks", "train_step_overhead.py")
+from tests.benchmarks._load import load_benchmark
 
 
 def _load() -> ModuleType:
-    name = "vissl_benchmark_train_step_overhead"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train_step_overhead.py")
 
 
 def test_benchmark_prints_the_table(capsys):
