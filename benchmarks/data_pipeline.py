@@ -63,11 +63,12 @@ CONFIGS = {
     "swav": "pretrain/swav/swav_8gpu_resnet",
     "dino": "pretrain/dino/dino_8gpu_vits16",
 }
-VARIANTS = ("baseline", "vissl_pil", "default")
+VARIANTS = ("baseline", "vissl_pil", "default", "device")
 LABELS = {
     "baseline": "torchvision + PIL (baseline)",
     "vissl_pil": "vissl, PIL path",
     "default": "vissl default (tensor path)",
+    "device": "vissl, colour on device: the worker's part",
 }
 
 
@@ -261,7 +262,9 @@ def vissl_datasets(cfg: Any) -> dict[str, Any]:
     default = build_dataset(cfg, "TRAIN")
     pil = build_dataset(cfg, "TRAIN")
     pil.transform = build_transforms(cfg.DATA.TRAIN.TRANSFORMS, "TRAIN", tensor_path=False)
-    return {"default": default, "vissl_pil": pil}
+    device = build_dataset(cfg, "TRAIN")  # TRANSFORMS_ON_DEVICE: the workers' part
+    tail = device.move_transforms_to_device()
+    return {"default": default, "vissl_pil": pil, "device": device, "tail": tail}
 
 
 # ----------------------------------------------------------------------------- timing
@@ -272,6 +275,7 @@ class ChainResult:
     view_sizes: list[int]
     seconds: dict[str, list[float]] = field(default_factory=dict)
     loader: dict[str, float] = field(default_factory=dict)
+    tail_ms: float = float("nan")  # the device tail, ms per sample (on --tail-device)
 
 
 def _run_pass(get: Callable[[int], Any], n: int) -> float:
@@ -286,7 +290,12 @@ def _view_sizes(views: Sequence[torch.Tensor]) -> list[int]:
 
 
 def bench_chain(
-    chain: str, folder: str, paths: Sequence[str], rounds: int, seed: int = 0
+    chain: str,
+    folder: str,
+    paths: Sequence[str],
+    rounds: int,
+    seed: int = 0,
+    tail_device: str = "cpu",
 ) -> ChainResult:
     from vissl.data.samplers import SampleKey
 
@@ -302,6 +311,7 @@ def bench_chain(
         "baseline": baseline.__getitem__,
         "vissl_pil": lambda i: datasets["vissl_pil"][SampleKey(i, epoch[0])],
         "default": lambda i: datasets["default"][SampleKey(i, epoch[0])],
+        "device": lambda i: datasets["device"][SampleKey(i, epoch[0])],
     }
     random.seed(seed)
     torch.manual_seed(seed)
@@ -318,10 +328,31 @@ def bench_chain(
     result.seconds = {v: [] for v in VARIANTS}
     for r in range(rounds):
         epoch[0] = r + 1
-        order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
+        k = r % len(VARIANTS)
+        order = VARIANTS[k:] + VARIANTS[:k]
         for variant in order:
             result.seconds[variant].append(_run_pass(getters[variant], n))
+    result.tail_ms = time_tail(datasets["device"], datasets["tail"], n, tail_device)
     return result
+
+
+def time_tail(dataset: Any, tail: Any, n: int, device: str, reps: int = 3) -> float:
+    """ms per sample of the device tail on a batch of ``n`` samples' uint8 crops."""
+    from vissl.data.samplers import SampleKey
+
+    crops = [dataset[SampleKey(i, 0)]["data"] for i in range(n)]
+    views = [torch.stack([c[v] for c in crops]).to(device) for v in range(len(crops[0]))]
+    data_idx = torch.arange(n).repeat(len(views)).to(device)
+    times = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        tail(views, data_idx, epoch=1)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times[1:]) / n
 
 
 def bench_loaders(
@@ -345,7 +376,7 @@ def bench_loaders(
             multiprocessing_context=cfg.MULTI_PROCESSING_METHOD,
         )
     }
-    for variant in ("vissl_pil", "default"):
+    for variant in ("vissl_pil", "default", "device"):
         loaders[variant] = get_loader(
             datasets[variant],
             cfg,
@@ -360,7 +391,8 @@ def bench_loaders(
         for _ in loader:  # start the workers
             pass
     for r in range(rounds):
-        for variant in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:
+        k = r % len(VARIANTS)
+        for variant in VARIANTS[k:] + VARIANTS[:k]:
             start = time.perf_counter()
             for _ in loaders[variant]:
                 pass
@@ -412,6 +444,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--batch-size", type=int, default=16, help="loader batch size (--workers)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tail-device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where to time the colour tail of TRANSFORMS_ON_DEVICE (default cpu)",
+    )
     p.add_argument("--quiet", action="store_true", help="hide vissl's log lines")
     args = p.parse_args(argv)
     if args.num_images < 1 or args.rounds < 1 or args.workers < 0:
@@ -449,13 +487,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         results = []
         for chain in chains:
-            result = bench_chain(chain, root, paths, args.rounds, seed=args.seed)
+            result = bench_chain(
+                chain, root, paths, args.rounds, seed=args.seed, tail_device=args.tail_device
+            )
             if args.workers:
                 result.loader = bench_loaders(
                     chain, root, paths, args.workers, args.batch_size, max(1, args.rounds // 2)
                 )
             results.append(result)
         print_table(results, len(paths), args.workers)
+        for result in results:
+            print(
+                f"{describe(result)}: the colour tail of TRANSFORMS_ON_DEVICE on "
+                f"{args.tail_device}, batched: {result.tail_ms:.2f} ms/sample"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
         torch.set_num_threads(threads)

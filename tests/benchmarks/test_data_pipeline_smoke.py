@@ -23,9 +23,11 @@ def test_benchmark_prints_the_table_and_the_ratio_last(capsys):
     assert lines[0].startswith("data_pipeline: 2 JPEGs")
     for chain in ("simclr (2x224)", "swav (2x224 + 6x96)", "dino (2x224 + 10x96)"):
         rows = [line for line in lines if line.startswith(f"| {chain} |")]
-        assert len(rows) == 3, lines
+        assert len(rows) == len(bench.VARIANTS) == 4, lines
         for label, row in zip(bench.LABELS.values(), rows):
             assert label in row
+        tail = next(line for line in lines if line.startswith(f"{chain}: the colour tail"))
+        assert re.search(r"on cpu, batched: \d+\.\d\d ms/sample$", tail)
     assert re.fullmatch(r"data_pipeline: default/baseline \d+\.\d\dx", lines[-1])
     simclr = next(r for r in result["results"] if r.chain == "simclr")
     assert lines[-1] == f"data_pipeline: default/baseline {result['ratio']:.2f}x"

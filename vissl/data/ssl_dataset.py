@@ -295,6 +295,23 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
                 err.key_path,
             ) from err
 
+    def move_transforms_to_device(self) -> Any:
+        """Split the chain for ``TRANSFORMS_ON_DEVICE``: from now on this dataset stops
+        after the last crop/flip and gives ``uint8`` crops; the returned
+        :class:`~vissl.data.ssl_transforms.device_path.DeviceTail` does the rest on a
+        batch (the train step calls it on the device).
+
+        Raises:
+            ConfigError: the chain cannot be split (see ``plan_device_path``).
+        """
+        from vissl.data.ssl_transforms.device_path import plan_device_path
+
+        key = self._path("TRANSFORMS_ON_DEVICE")
+        head, tail = plan_device_path(self.transform, self.seed, key)
+        self.transform = head
+        logger.info("%s: on the device: %s", key, tail)
+        return tail
+
     def _warn_unsupported(self) -> None:
         for key in ("ENABLE_QUEUE_DATASET", "COPY_TO_LOCAL_DISK"):
             if split_cfg_value(self.split_cfg, key, False):

@@ -112,6 +112,8 @@ class SelfSupervisionTask:
         self._global_batchsize: dict[bool, int] = {}  # train -> samples per step
         self._world_size: int | None = None
         self.micro_step = 0
+        #: split -> the colour transforms run batched on the device (TRANSFORMS_ON_DEVICE)
+        self.device_transforms: dict[str, Any] = {}
         # a hook may set these (or call request_stop) to end training after the current step
         self.stop_training = False
         self.stop_training_reason = ""
@@ -167,6 +169,9 @@ class SelfSupervisionTask:
                     f"config.DATA.{split}.DATA_SOURCES",
                 )
             self.datasets[split] = build_dataset(cfg, split)
+            if split == "TRAIN" and bool(cfg.DATA.TRAIN.get("TRANSFORMS_ON_DEVICE", False)):
+                # before the loader: its workers get the shortened chain
+                self.device_transforms[split] = self.datasets[split].move_transforms_to_device()
             self.dataloaders[split] = get_loader(
                 self.datasets[split],
                 cfg,

@@ -207,6 +207,9 @@ class StandardTrainStep:
         batch = next(task.data_iterator)
         sample = construct_sample_for_model(batch, task)
         sample = move_to_device(sample, task.device)
+        tail = task.device_transforms.get("TRAIN") if task.train else None
+        if tail is not None:  # DATA.TRAIN.TRANSFORMS_ON_DEVICE: the colour transforms
+            sample["input"] = tail(sample["input"], sample["data_idx"], task.phase_idx)
         if task.channels_last:
             sample["input"] = to_channels_last(sample["input"])
         return sample
