@@ -391,3 +391,99 @@ def test_crash_and_resume_with_the_tail_on_the_device_is_bitwise_exact(tmp_path)
     run_config(TINY, *common, f"config.CHECKPOINT.DIR={crashed}")
     assert "resumed inside phase" in (crashed / "log.txt").read_text()
     assert_same(final_weights(tmp_path / "full"), final_weights(crashed))
+
+
+# ------------------------------------------- real data sets and collators feed the tail
+def tiny_dataset(transforms: list[dict[str, Any]], **split: Any) -> Any:
+    from vissl.data import build_dataset
+    from vissl.utils.hydra_config import hydra_compose_and_validate
+
+    _, cfg = hydra_compose_and_validate([f"config={TINY}"])
+    cfg.DATA.TRAIN.TRANSFORMS = transforms
+    for key, value in split.items():
+        cfg.DATA.TRAIN[key] = value
+    return build_dataset(cfg, "TRAIN")
+
+
+def is_grey(rows: torch.Tensor) -> torch.Tensor:
+    return (rows.amax(1) - rows.amin(1)).flatten(1).amax(1) < 1e-6
+
+
+def test_crops_restricted_by_indices_are_the_same_rows_as_in_the_workers():
+    from vissl.data.collators.simclr_collator import simclr_collator
+    from vissl.data.samplers import SampleKey
+
+    entries = [
+        {"name": "ImgReplicatePil", "num_times": 2},
+        {"name": "RandomResizedCrop", "size": 16},
+        {"name": "RandomGrayscale", "p": 1.0, "indices": [1]},
+        {"name": "ToTensor"},
+    ]
+    dataset = tiny_dataset(entries)
+    workers = [dataset[SampleKey(i, 0)] for i in range(3)]
+    grey_in_workers = [bool(is_grey(s["data"][v][None])[0]) for s in workers for v in (0, 1)]
+    assert grey_in_workers == [False, True] * 3
+    tail = dataset.move_transforms_to_device()
+    assert tail.num_views == 2
+    batch = simclr_collator([dataset[SampleKey(i, 0)] for i in range(3)])
+    out = tail(batch["data"][0], batch["data_idx"], epoch=0)
+    assert is_grey(out).tolist() == [False] * 3 + [True] * 3  # view-major: view 1 grey
+
+
+def test_multicrop_layout_maps_each_tensor_to_its_crop():
+    from vissl.data.collators.multicrop_collator import multicrop_collator
+    from vissl.data.samplers import SampleKey
+
+    entries = [
+        {
+            "name": "ImgPilToMultiCrop",
+            "total_num_crops": 3,
+            "size_crops": [16, 8],
+            "num_crops": [2, 1],
+            "crop_scales": [[0.5, 1.0], [0.2, 0.5]],
+        },
+        {"name": "RandomGrayscale", "p": 1.0, "indices": [0, 2]},
+        {"name": "ToTensor"},
+    ]
+    dataset = tiny_dataset(entries, COLLATE_FUNCTION="multicrop_collator")
+    tail = dataset.move_transforms_to_device()
+    assert tail.num_views == 3
+    batch = multicrop_collator([dataset[SampleKey(i, 0)] for i in range(4)])
+    out = tail(batch["data"][0], batch["data_idx"], epoch=0)
+    assert [tuple(o.shape[-2:]) for o in out] == [(16, 16), (16, 16), (8, 8)]
+    assert [bool(is_grey(o).all()) for o in out] == [True, False, True]
+    assert not is_grey(out[1]).any()
+
+
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        ({"COLLATE_FUNCTION": "moco_collator"}, "COLLATE_FUNCTION 'moco_collator'"),
+        ({"INPUT_KEY_NAMES": ["data", "extra"]}, "INPUT_KEY_NAMES"),
+    ],
+    ids=["moco", "two-input-keys"],
+)
+def test_layouts_the_tail_does_not_know_are_config_errors(split, message):
+    entries = [{"name": "RandomResizedCrop", "size": 8}, {"name": "ToTensor"}]
+    dataset = tiny_dataset(entries, **split)
+    with pytest.raises(ConfigError, match=message):
+        dataset.move_transforms_to_device()
+
+
+def test_a_restriction_to_crops_the_chain_does_not_make_is_a_config_error():
+    entries = [
+        {"name": "ImgReplicatePil", "num_times": 2},
+        {"name": "RandomResizedCrop", "size": 8},
+        {"name": "ImgPilColorDistortion", "strength": 0.5},
+        {"name": "RandomGrayscale", "p": 0.5, "indices": [3]},
+        {"name": "ToTensor"},
+    ]
+    with pytest.raises(ConfigError, match=r"restricted to crops \[3\] but the chain makes 2"):
+        dp.plan_device_path(build_transforms(entries), seed=0, key_path="k")
+
+
+def test_several_data_sources_are_a_config_error():
+    dataset = tiny_dataset([{"name": "RandomResizedCrop", "size": 8}, {"name": "ToTensor"}])
+    dataset.data_objs = dataset.data_objs * 2  # as with DATA_SOURCES of two entries
+    with pytest.raises(ConfigError, match="supports one data source"):
+        dataset.move_transforms_to_device()

@@ -304,13 +304,40 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         Raises:
             ConfigError: the chain cannot be split (see ``plan_device_path``).
         """
-        from vissl.data.ssl_transforms.device_path import plan_device_path
+        from vissl.data.ssl_transforms.device_path import SUPPORTED_COLLATORS, plan_device_path
 
         key = self._path("TRANSFORMS_ON_DEVICE")
-        head, tail = plan_device_path(self.transform, self.seed, key)
+        collator = split_cfg_value(self.split_cfg, "COLLATE_FUNCTION", "default_collate")
+        input_keys = list(split_cfg_value(self.split_cfg, "INPUT_KEY_NAMES", ["data"]))
+        if collator not in SUPPORTED_COLLATORS or input_keys != ["data"]:
+            raise ConfigError(
+                f"{key}=True runs the colour transforms on batches laid out by "
+                f"{' / '.join(SUPPORTED_COLLATORS)} with INPUT_KEY_NAMES [data]; this config "
+                f"has COLLATE_FUNCTION {collator!r} and INPUT_KEY_NAMES {input_keys}. Set "
+                f"{key}=False for it.",
+                key,
+            )
+        if len(self.data_objs) != 1:
+            raise ConfigError(
+                f"{key}=True supports one data source; {self._path('DATA_SOURCES')} lists "
+                f"{len(self.data_objs)}. Set {key}=False for it.",
+                key,
+            )
+        # the views per sample, counted on this data set's first image through the
+        # workers' part of the chain (the global RNG states are restored afterwards)
+        full = self.transform
+        head, tail = plan_device_path(full, self.seed, key, count_views=self._count_views)
         self.transform = head
         logger.info("%s: on the device: %s", key, tail)
         return tail
+
+    def _count_views(self, head: Any) -> int:
+        saved, self.transform = self.transform, head
+        try:
+            with seeded_rng(0):
+                return len(self._get_sample(0)["data"])
+        finally:
+            self.transform = saved
 
     def _warn_unsupported(self) -> None:
         for key in ("ENABLE_QUEUE_DATASET", "COPY_TO_LOCAL_DISK"):

@@ -27,7 +27,7 @@ views (``transform_indices``) apply to those rows only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -506,16 +506,30 @@ class ToUint8Tensor:
         return "ToUint8Tensor()"
 
 
-def plan_device_path(compose: Any, seed: int, key_path: str) -> tuple[Any, DeviceTail]:
+#: the collators whose batch layout :class:`DeviceTail` knows (see the module doc)
+SUPPORTED_COLLATORS = ("simclr_collator", "multicrop_collator", "default_collate")
+
+
+def plan_device_path(
+    compose: Any, seed: int, key_path: str, count_views: Callable[[Any], int] | None = None
+) -> tuple[Any, DeviceTail]:
     """Split a built chain (on the tensor path) into the workers' part and the device tail.
 
     Returns:
         The workers' chain (up to the last transform without a batched form, then
         :class:`ToUint8Tensor`) and the :class:`DeviceTail` of the rest.
 
+    Args:
+        compose: the built chain.
+        seed: ``SEED_VALUE``.
+        key_path: the config key, for messages.
+        count_views: the number of views per sample the workers' chain makes (default:
+            counted on a small grey image).
+
     Raises:
         ConfigError: naming ``key_path`` when the chain does not end with ``ToTensor``
-            (and ``Normalize``) on the tensor path.
+            (and ``Normalize``) on the tensor path, or when a moved transform names crops
+            the chain does not make.
     """
     from vissl.data.ssl_transforms.ssl_transforms_wrapper import (
         SSLTransformsCompose,
@@ -549,14 +563,38 @@ def plan_device_path(compose: Any, seed: int, key_path: str) -> tuple[Any, Devic
             op = device_op(twin) if twin is not None else None
         if op is None:
             break
-        ops.insert(0, ViewsOp(op, wrapper.indices) if wrapper.indices else op)
+        # (a grouping transform sees all crops: its indices do not restrict it)
+        restricted = wrapper.indices and wrapper.kind == "image"
+        ops.insert(0, ViewsOp(op, wrapper.indices) if restricted else op)
         start -= 1
     names = [w.name for w in wrappers[start:] if type(w.transform) is not ToImageTensor]
     head = SSLTransformsCompose(
         [*wrappers[:start], SSLTransformsWrapper(ToUint8Tensor(), "ToUint8Tensor", kind="image")]
     )
-    tail = DeviceTail(ops, to_tensor.mean, to_tensor.std, _count_views(head), seed, names)
+    num_views = (count_views or _count_views)(head)
+    _check_views(ops, num_views, key_path)
+    tail = DeviceTail(ops, to_tensor.mean, to_tensor.std, num_views, seed, names)
     return head, tail
+
+
+def _check_views(ops: Sequence[DeviceOp], num_views: int, key_path: str) -> None:
+    """The crops a moved transform names exist (the workers would raise for them too)."""
+    from vissl.errors import ConfigError
+
+    for op in ops:
+        if isinstance(op, ViewsOp) and max(op.views) >= num_views:
+            raise ConfigError(
+                f"{key_path}: a transform restricted to crops {list(op.views)} but the chain "
+                f"makes {num_views} crops per sample.",
+                key_path,
+            )
+        if isinstance(op, MultiCropRandomApplyOp) and len(op.view_probs) != num_views:
+            raise ConfigError(
+                f"{key_path}: ImgPilMultiCropRandomApply is set for {len(op.view_probs)} "
+                f"crops (total_nmb_crops) but the chain makes {num_views} per sample.",
+                key_path,
+            )
+        _check_views(getattr(op, "ops", []), num_views, key_path)
 
 
 def _count_views(head: Any) -> int:

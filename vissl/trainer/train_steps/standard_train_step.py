@@ -200,7 +200,10 @@ class StandardTrainStep:
 
     # ------------------------------------------------------------------ sections
     def read_sample(self, task: SelfSupervisionTask) -> dict[str, Any]:
-        """Next batch from the data iterator, reshaped and moved to the task's device.
+        """Next batch from the data iterator, reshaped and moved to the task's device;
+        with ``DATA.TRAIN.TRANSFORMS_ON_DEVICE``, its colour transforms applied there
+        (a step that overrides this method must call ``task.device_transforms["TRAIN"]``
+        itself).
 
         Raises StopIteration at the end of the phase (the trainer ends the phase on it).
         """
