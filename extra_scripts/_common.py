@@ -7,11 +7,11 @@ traceback; argparse's own usage errors exit with 2 as well.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
 
 from vissl.errors import VisslError
+from vissl.utils.cli import HelpFormatter  # noqa: F401  (the scripts import it from here)
 
 #: Exit code of a user mistake (argparse's as well).
 USAGE_ERROR = 2
@@ -19,16 +19,6 @@ USAGE_ERROR = 2
 
 class ScriptError(Exception):
     """A user mistake found by a script: its message is printed as ``error: <message>``."""
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the description's line breaks (its examples) and shows the defaults that say
-    something (not None or False)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 def one_line(message: object) -> str:

@@ -38,22 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vissl.hooks.metrics import flatten_metrics
+from vissl.utils.cli import HelpFormatter
 
 PROG = "tools/plot_metrics.py"
 MISSING_MATPLOTLIB = f'{PROG} needs matplotlib: pip install -e ".[plots]"'
 STDOUT_JSON = "stdout.json"
 METRICS_JSON = "metrics.json"
 SPLITS = ("train", "test")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the description's line breaks (its examples) and shows the defaults that say
-    something (not None or False)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 class PlotError(Exception):
