@@ -1,0 +1,81 @@
+"""Host syncs per step on CUDA, counted with ``torch.cuda.set_sync_debug_mode``: none
+between log steps."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from tests.integration._runs import run_config
+from vissl.hooks import VisslHook, default_hook_generator
+
+CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
+
+
+class SyncCounter(VisslHook):
+    """Counts the synchronizing CUDA calls made between two ``on_step`` events."""
+
+    priority = 10_000  # last
+
+    def __init__(self) -> None:
+        self.per_step: list[tuple[int, bool, int, list[str]]] = []
+        self._catcher = None
+        self._log = None
+
+    def _start(self) -> None:
+        self._catcher = warnings.catch_warnings(record=True)
+        self._log = self._catcher.__enter__()
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def _stop(self) -> list[str]:
+        torch.cuda.set_sync_debug_mode(0)
+        log = self._log or []
+        self._catcher.__exit__(None, None, None)
+        self._catcher = None
+        return [str(w.message)[:200] for w in log if "synchroniz" in str(w.message)]
+
+    def on_phase_start(self, task) -> None:
+        self._start()
+
+    def on_step(self, task) -> None:
+        syncs = self._stop()
+        self.per_step.append((task.iteration, task.is_log_iteration, len(syncs), syncs))
+        self._start()
+
+    def on_phase_end(self, task) -> None:
+        if self._catcher is not None:
+            self._stop()
+
+    def on_exception(self, task) -> None:
+        if self._catcher is not None:
+            self._stop()
+
+
+@pytest.mark.parametrize(
+    "config,extra",
+    [
+        ("test/integration_test/quick_moco", []),
+        ("test/integration_test/quick_dino", []),
+        ("test/integration_test/quick_swav", []),
+        ("test/integration_test/quick_barlow_twins", []),
+        ("test/integration_test/quick_simclr_multicrop", []),
+        ("test/integration_test/quick_moco", ["config.MODEL.AMP_PARAMS.USE_AMP=True"]),
+    ],
+)
+def test_no_host_sync_between_log_steps(tmp_path, config, extra) -> None:
+    counter = SyncCounter()
+    run_config(
+        config,
+        *CUDA,
+        *extra,
+        "config.LOG_FREQUENCY=1000",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+        hook_generator=lambda cfg: [*default_hook_generator(cfg), counter],
+    )
+    quiet = [(it, n, s) for it, log, n, s in counter.per_step if not log]
+    assert quiet, "no step between log steps"
+    bad = [(it, n, s) for it, n, s in quiet if n]
+    assert not bad, f"host syncs between log steps: {bad[:3]}"

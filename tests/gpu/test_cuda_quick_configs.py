@@ -1,0 +1,79 @@
+"""Every method's quick config trains end to end on CUDA, in fp32, bf16 and fp16, with
+compile and channels_last, and a crash on CUDA resumes bitwise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.integration._runs import read_jsonl, run_config
+from tests.integration.test_exact_resume import assert_same, crash_generator, final_weights
+
+QUICK = [
+    "test/integration_test/quick_moco",
+    "test/integration_test/quick_simclr_multicrop",
+    "test/integration_test/quick_swav",
+    "test/integration_test/quick_swav_momentum",
+    "test/integration_test/quick_swav_queue",
+    "test/integration_test/quick_dino",
+    "test/integration_test/quick_dino_vit",
+    "test/integration_test/quick_barlow_twins",
+    "test/cpu_test/tiny_simclr",
+    "test/cpu_test/tiny_supervised",
+]
+PRECISIONS = {
+    "fp32": [],
+    "bf16": ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.AMP_DTYPE=bfloat16"],
+    "fp16": ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16"],
+}
+CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
+
+
+def _losses(folder) -> list[float]:
+    return [float(r["loss"]) for r in read_jsonl(str(folder / "stdout.json")) if "loss" in r]
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("config", QUICK)
+def test_quick_config_trains_on_cuda(tmp_path, config, precision) -> None:
+    run_config(config, *CUDA, *PRECISIONS[precision], f"config.CHECKPOINT.DIR={tmp_path}")
+    assert list(tmp_path.glob("model_final_checkpoint_phase*.torch"))
+    losses = _losses(tmp_path)
+    assert losses and all(math.isfinite(v) for v in losses), losses
+
+
+@pytest.mark.parametrize(
+    "config", ["test/integration_test/quick_moco", "test/integration_test/quick_dino_vit"]
+)
+def test_compile_and_channels_last_on_cuda(tmp_path, config) -> None:
+    run_config(
+        config,
+        *CUDA,
+        *PRECISIONS["bf16"],
+        "config.MODEL.COMPILE.USE_COMPILE=True",
+        "config.MODEL.CHANNELS_LAST=True",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    assert all(math.isfinite(v) for v in _losses(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "config,crash_at",
+    [("test/integration_test/quick_moco", 5), ("test/integration_test/quick_dino", 3)],
+)
+def test_crash_and_resume_on_cuda_is_bitwise(tmp_path, config, crash_at) -> None:
+    common = [
+        *CUDA,
+        "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC=True",
+        "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
+        "config.CHECKPOINT.AUTO_RESUME=True",
+    ]
+    run_config(config, *common, f"config.CHECKPOINT.DIR={tmp_path / 'full'}")
+    crashed = tmp_path / "crashed"
+    with pytest.raises(Exception, match="simulated crash"):
+        run_config(
+            config, *common, f"config.CHECKPOINT.DIR={crashed}", hook_generator=crash_generator(crash_at)
+        )
+    run_config(config, *common, f"config.CHECKPOINT.DIR={crashed}")
+    assert_same(final_weights(tmp_path / "full"), final_weights(crashed))
