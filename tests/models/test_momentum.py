@@ -64,3 +64,41 @@ def test_momentum_one_keeps_and_zero_copies() -> None:
     assert all(
         torch.equal(v, dict(model.named_parameters())[k]) for k, v in target.named_parameters()
     )
+
+
+def _copy_with_process_group(rank: int, world_size: int) -> tuple[bool, bool, int]:
+    import torch.distributed as dist
+
+    from vissl.models.momentum import momentum_copies
+
+    group = dist.new_group([rank])  # a sub-group, as SYNC_BN_CONFIG.GROUP_SIZE=1 makes
+    model = nn.Sequential(nn.Linear(3, 4), nn.SyncBatchNorm(4, process_group=group))
+    copy = momentum_copy(model)  # raised "cannot pickle ProcessGroup" before
+    holder = type("Holder", (), {})()
+    holder.model = copy
+    return copy[1].process_group is group, copy[1] is not model[1], len(momentum_copies(holder))
+
+
+def test_copy_of_a_model_with_sync_bn_sub_groups_shares_the_group() -> None:
+    from vissl.utils.test_utils import spawn_gloo
+
+    for shared, separate, found in spawn_gloo(_copy_with_process_group, 2):
+        assert shared and separate and found == 1
+
+
+def test_momentum_copies_are_found_and_reset_to_the_model() -> None:
+    from vissl.models.momentum import momentum_copies, reset_momentum_copy_
+
+    model = _model()
+    owner = nn.Module()
+    owner.encoder = momentum_copy(model)
+    owner.other = nn.Linear(2, 2)
+    assert momentum_copies(owner) == [owner.encoder]
+    assert momentum_copies(nn.Linear(2, 2)) == []
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.add_(1)
+    reset_momentum_copy_(owner.encoder, model)
+    for (name, a), b in zip(model.state_dict().items(), owner.encoder.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not any(p.requires_grad for p in owner.encoder.parameters())

@@ -16,17 +16,23 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "MOMENTUM_COPY_ATTR",
     "EmaTensors",
     "copy_tensors_",
     "ema_tensors",
     "ema_update_",
     "ema_update_tensors_",
+    "is_momentum_copy",
+    "momentum_copies",
     "momentum_copy",
+    "reset_momentum_copy_",
 ]
 
 
@@ -42,12 +48,85 @@ def _plain(model: nn.Module) -> nn.Module:
     return model
 
 
+#: Set on every copy :func:`momentum_copy` makes, so that code that must treat the copies
+#: like the model (weights initialisation, compile) finds them: see :func:`momentum_copies`.
+MOMENTUM_COPY_ATTR = "_vissl_momentum_copy"
+
+
+def _shared_handles(model: nn.Module) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo that keeps process groups shared, not copied.
+
+    A ``SyncBatchNorm`` over a sub-group (``MODEL.SYNC_BN_CONFIG.GROUP_SIZE``) holds a
+    ``ProcessGroup``, a handle to communicators that cannot be pickled or copied: the copy
+    must synchronise over the same group as the model.
+    """
+    if not dist.is_available():
+        return {}
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, dist.ProcessGroup):
+                memo[id(value)] = value
+    return memo
+
+
 def momentum_copy(model: nn.Module) -> nn.Module:
-    """A frozen deep copy of ``model`` (no gradients), on the same device, in train mode."""
-    target = copy.deepcopy(_plain(model))
+    """A frozen deep copy of ``model`` (no gradients), on the same device, in train mode.
+
+    Process groups the model's layers hold (SyncBatchNorm over sub-groups) are shared
+    with the copy. The copy is marked (see :func:`momentum_copies`).
+    """
+    plain = _plain(model)
+    target = copy.deepcopy(plain, memo=_shared_handles(plain))
     for param in target.parameters():
         param.requires_grad_(False)
+    setattr(target, MOMENTUM_COPY_ATTR, True)
     return target
+
+
+def is_momentum_copy(module: Any) -> bool:
+    """Whether ``module`` was made by :func:`momentum_copy`."""
+    return isinstance(module, nn.Module) and bool(getattr(module, MOMENTUM_COPY_ATTR, False))
+
+
+def momentum_copies(owner: Any) -> list[nn.Module]:
+    """The momentum copies ``owner`` holds (a loss, a hook, any object), outermost only.
+
+    A module is searched through (``owner.modules()``); any other object through its
+    attributes (e.g. ``EmaHook.model``), one level deep.
+    """
+    found: list[nn.Module] = []
+    seen: set[int] = set()
+
+    def visit(module: nn.Module) -> None:
+        for m in module.modules():
+            if id(m) in seen:
+                continue
+            if is_momentum_copy(m):
+                found.append(m)
+                seen.update(id(x) for x in m.modules())
+            else:
+                seen.add(id(m))
+
+    if isinstance(owner, nn.Module):
+        visit(owner)
+    else:
+        for value in list(vars(owner).values()) if hasattr(owner, "__dict__") else []:
+            if isinstance(value, nn.Module):
+                visit(value)
+    return found
+
+
+@torch.no_grad()
+def reset_momentum_copy_(target: nn.Module, source: nn.Module) -> None:
+    """Make ``target`` (a momentum copy) equal to ``source``: parameters and buffers.
+
+    Used after ``MODEL.WEIGHTS_INIT`` loads weights into the model the copy was made
+    from: the copy must start from the loaded weights, not the random init.
+    """
+    tensors = ema_tensors(target, source)
+    copy_tensors_(tensors.target_params, [s.detach() for s in tensors.source_params])
+    copy_tensors_(tensors.target_buffers, tensors.source_buffers)
 
 
 @torch.no_grad()

@@ -373,3 +373,25 @@ def restore_or_initialise(task: SelfSupervisionTask, checkpoint_path: str | None
         from vissl.utils.weights_init import init_model_from_weights_params_file
 
         init_model_from_weights_params_file(task.base_model, task.config.MODEL.WEIGHTS_INIT)
+        reset_momentum_copies(task)
+
+
+def reset_momentum_copies(task: SelfSupervisionTask) -> int:
+    """Make every momentum copy of the model equal to it again (after ``WEIGHTS_INIT``).
+
+    The loss made its copies (MoCo's key encoder, DINO's teacher, SwAV's momentum
+    encoder) from the random init when the task was built; the weights loaded since
+    then must be their starting point too. Copies held by hooks (``EmaHook``) are reset
+    as well. Returns the number of copies reset.
+    """
+    from vissl.models.momentum import momentum_copies, reset_momentum_copy_
+
+    copies = [c for owner in (task.loss, *task.hooks) for c in momentum_copies(owner)]
+    for target in copies:
+        reset_momentum_copy_(target, task.base_model)
+    if copies:
+        logger.info(
+            "%d momentum copies (teacher / key encoder / EMA) start from MODEL.WEIGHTS_INIT",
+            len(copies),
+        )
+    return len(copies)

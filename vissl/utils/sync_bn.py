@@ -29,21 +29,40 @@ _KEY = "config.MODEL.SYNC_BN_CONFIG"
 SYNC_BN_TYPES = ("pytorch", "apex")
 
 
-class CpuSyncBatchNorm(nn.SyncBatchNorm):
-    """``nn.SyncBatchNorm`` that also runs on CPU (any process-group backend).
+class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose batch statistics span the processes of a group, over any backend.
 
     In training mode with several processes in its group, the batch statistics are those
     of the union of the processes' batches, and gradients flow through them exactly as in
-    one process with the whole batch. Otherwise it is ``nn.SyncBatchNorm`` (CUDA inputs,
-    evaluation, one process).
+    one process with the whole batch. Otherwise (evaluation, one process) it is plain
+    BatchNorm. Not a subclass of ``nn.SyncBatchNorm``: DDP refuses those on CPU modules.
+
+    Args:
+        num_features, eps, momentum, affine, track_running_stats: as ``nn.BatchNorm2d``.
+        process_group: the group to synchronise over (None: all processes).
     """
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: Any = None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         group = self.process_group
         if (
-            input.is_cuda
-            or not (self.training or not self.track_running_stats)
+            not (self.training or not self.track_running_stats)
             or not (dist.is_available() and dist.is_initialized())
             or dist.get_world_size(group) == 1
         ):
@@ -160,7 +179,7 @@ def convert_sync_batchnorm(model: nn.Module, config: Any, device: torch.device) 
 def _convert(module: nn.Module, process_group: Any) -> nn.Module:
     """Replace every ``nn.BatchNorm{1,2,3}d`` of ``module`` by :class:`CpuSyncBatchNorm`."""
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
-        module, nn.SyncBatchNorm
+        module, nn.SyncBatchNorm | CpuSyncBatchNorm
     ):
         new = CpuSyncBatchNorm(
             module.num_features,
