@@ -83,3 +83,54 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(load_checkpoint(str(tmp_path / "checkpoint.torch"))["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+class _FakeCuda:
+    """torch.cuda as two visible GPUs, this process on device 1; records RNG calls."""
+
+    def __init__(self, visible: int = 2, current: int = 1) -> None:
+        self.visible, self.current = visible, current
+        self.set_calls: list[torch.Tensor] = []
+
+    def install(self, monkeypatch) -> None:
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(cuda, "device_count", lambda: self.visible)
+        monkeypatch.setattr(
+            cuda, "get_rng_state", lambda device="cuda": torch.tensor([10 + self.current])
+        )
+        monkeypatch.setattr(
+            cuda, "set_rng_state", lambda state, device="cuda": self.set_calls.append(state)
+        )
+
+        def every_device(*args, **kwargs):
+            raise AssertionError("the RNG states of every visible device are not used")
+
+        monkeypatch.setattr(cuda, "get_rng_state_all", every_device)
+        monkeypatch.setattr(cuda, "set_rng_state_all", every_device)
+
+
+def test_cuda_rng_saves_and_restores_the_current_device_only(monkeypatch) -> None:
+    """#22 item 3: resuming on fewer visible GPUs raised IndexError (set_rng_state_all)."""
+    fake = _FakeCuda(visible=2, current=1)
+    fake.install(monkeypatch)
+    state = get_rng_state()
+    assert torch.equal(state["cuda"], torch.tensor([11]))  # device 1's only
+    fake.visible, fake.current = 1, 0  # resumed where one GPU is visible
+    set_rng_state(state)
+    assert [t.tolist() for t in fake.set_calls] == [[11]]
+
+
+def test_cuda_rng_of_an_older_checkpoint_with_every_device(monkeypatch) -> None:
+    fake = _FakeCuda(visible=1, current=0)
+    fake.install(monkeypatch)
+    state = get_rng_state()
+    state["cuda"] = [torch.tensor([20]), torch.tensor([21]), torch.tensor([22])]
+    set_rng_state(state)  # three saved, one visible: this device's entry
+    fake.current = 2
+    set_rng_state(state)
+    fake.current = 5  # fewer saved than this index: the first
+    set_rng_state(state)
+    assert [t.tolist() for t in fake.set_calls] == [[20], [22], [20]]

@@ -29,36 +29,95 @@ def get_node_id(node_id: int, num_nodes: int) -> int:
     return node_id
 
 
-def check_backend(cfg: Any, world_size: int) -> str:
-    backend = str(cfg.DISTRIBUTED.BACKEND)
-    if (
-        world_size > 1
-        and backend == "nccl"
-        and (cfg.MACHINE.DEVICE == "cpu" or not torch.cuda.is_available())
-    ):
-        reason = (
-            "config.MACHINE.DEVICE=cpu"
-            if cfg.MACHINE.DEVICE == "cpu"
-            else "CUDA is not available on this machine"
-        )
+def fork_safe_gpu_count() -> int | None:
+    """GPUs visible to this process, counted without initialising CUDA in it.
+
+    ``torch.cuda.is_available()`` initialises the CUDA driver (``cuInit``), after which
+    worker processes *forked* from this one cannot use CUDA. NVML counts the devices
+    (honouring ``CUDA_VISIBLE_DEVICES``) without that. Returns None when NVML cannot
+    tell (no NVML library, MIG device names): counting would then poison fork.
+    """
+    if not torch.backends.cuda.is_built():
+        return 0
+    if torch.cuda.is_initialized():
+        return torch.cuda.device_count()  # already initialised: nothing left to protect
+    nvml_count = getattr(torch.cuda, "_device_count_nvml", None)
+    if nvml_count is None:
+        return None
+    try:
+        count = int(nvml_count())
+    except Exception:
+        return None
+    return count if count >= 0 else None
+
+
+def gpu_count(will_fork: bool) -> int | None:
+    """GPUs visible here; None when that cannot be known without poisoning a fork.
+
+    Args:
+        will_fork: worker processes are forked from this process afterwards
+            (``MULTI_PROCESSING_METHOD: fork``): CUDA must stay uninitialised here.
+    """
+    count = fork_safe_gpu_count()
+    if count is not None or will_fork:
+        return count
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_fork_after_cuda(cfg: Any, will_fork: bool) -> None:
+    """A forked worker cannot use CUDA once this process has initialised it.
+
+    Raises:
+        ConfigError: ``MULTI_PROCESSING_METHOD: fork`` with ``MACHINE.DEVICE: gpu`` and
+            CUDA already initialised in the launching process (e.g. by the user's code
+            before ``launch_distributed``).
+    """
+    if will_fork and cfg.MACHINE.DEVICE == "gpu" and torch.cuda.is_initialized():
         raise ConfigError(
-            f"{_KEY}.BACKEND=nccl needs CUDA GPUs, but {reason}. Set {_KEY}.BACKEND=gloo "
-            "(and config.MACHINE.DEVICE=cpu) to run several processes on CPU.",
-            f"{_KEY}.BACKEND",
+            "config.MULTI_PROCESSING_METHOD=fork with config.MACHINE.DEVICE=gpu, but CUDA is "
+            "already initialised in the launching process, so forked workers cannot use it. "
+            "Set config.MULTI_PROCESSING_METHOD=forkserver (or spawn), or do not touch CUDA "
+            "before launching.",
+            "config.MULTI_PROCESSING_METHOD",
         )
+
+
+def check_backend(cfg: Any, world_size: int, will_fork: bool = False) -> str:
+    backend = str(cfg.DISTRIBUTED.BACKEND)
+    if world_size > 1 and backend == "nccl":
+        gpus = 1 if cfg.MACHINE.DEVICE == "cpu" else gpu_count(will_fork)
+        if cfg.MACHINE.DEVICE == "cpu" or gpus == 0:
+            reason = (
+                "config.MACHINE.DEVICE=cpu"
+                if cfg.MACHINE.DEVICE == "cpu"
+                else "CUDA is not available on this machine"
+            )
+            raise ConfigError(
+                f"{_KEY}.BACKEND=nccl needs CUDA GPUs, but {reason}. Set {_KEY}.BACKEND=gloo "
+                "(and config.MACHINE.DEVICE=cpu) to run several processes on CPU.",
+                f"{_KEY}.BACKEND",
+            )
     return backend
 
 
-def check_devices(cfg: Any, nproc: int) -> None:
+def check_devices(cfg: Any, nproc: int, will_fork: bool = False) -> None:
+    """GPUs against ``MACHINE.DEVICE`` and ``NUM_PROC_PER_NODE``, without poisoning a fork.
+
+    When the GPUs cannot be counted without initialising CUDA here (``will_fork`` and no
+    NVML), the workers check instead (:func:`vissl.utils.env.get_device`).
+    """
     if cfg.MACHINE.DEVICE != "gpu":
         return
-    if not torch.cuda.is_available():
+    check_fork_after_cuda(cfg, will_fork)
+    visible = gpu_count(will_fork)
+    if visible is None:
+        return
+    if visible == 0:
         raise ConfigError(
             "config.MACHINE.DEVICE=gpu but CUDA is not available on this machine. Set "
             f"config.MACHINE.DEVICE=cpu (and {_KEY}.BACKEND=gloo) to train on CPU.",
             "config.MACHINE.DEVICE",
         )
-    visible = torch.cuda.device_count()
     if nproc > visible:
         raise ConfigError(
             f"{_KEY}.NUM_PROC_PER_NODE={nproc} but only {visible} GPUs are visible on this "

@@ -181,8 +181,10 @@ def launch_distributed(
             f"an index from 0 to {num_nodes - 1} (node_id=... on the command line).",
             f"{_KEY}.NUM_NODES",
         )
-    check_backend(cfg, world_size)
-    check_devices(cfg, nproc)
+    # Workers forked after this point cannot use CUDA if these checks initialised it.
+    will_fork = (world_size > 1 or always_spawn) and str(cfg.MULTI_PROCESSING_METHOD) == "fork"
+    check_backend(cfg, world_size, will_fork)
+    check_devices(cfg, nproc, will_fork)
 
     if world_size == 1 and not always_spawn:
         ctx = prepare_run(cfg, engine_name, "local", hook_generator, node_id, True)

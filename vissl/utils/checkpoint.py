@@ -187,8 +187,25 @@ def get_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # The current device's generator only: a process trains on one GPU, and saving
+        # every visible device's makes a resume with fewer visible GPUs fail.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+def _cuda_rng_of_this_device(saved: Any) -> torch.Tensor | None:
+    """The saved CUDA generator state for this process's device.
+
+    Checkpoints written before vissl saved one device's state hold a list with one
+    state per visible device: the current device's entry is taken (the first one when
+    fewer devices are visible now).
+    """
+    if isinstance(saved, torch.Tensor):
+        return saved
+    if isinstance(saved, list | tuple) and saved:
+        index = torch.cuda.current_device()
+        return saved[index] if index < len(saved) else saved[0]  # type: ignore[no-any-return]
+    return None
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
@@ -206,7 +223,9 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda_state = _cuda_rng_of_this_device(state["cuda"])
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state)  # the current device
 
 
 def remove_stale_temporary_files(folder: str) -> None:
