@@ -38,6 +38,14 @@ class DuplicateNameError(VisslError, ValueError):
     """A second registration under a name that is already taken."""
 
 
+class DistributedSetupError(VisslError, RuntimeError):
+    """The processes of a run could not be connected (a process group, a side group).
+
+    The message says what failed and which setting (environment variable or config key)
+    fixes it.
+    """
+
+
 class TrainingPreempted(VisslError):
     """Training stopped on SIGTERM/SIGUSR1 after saving a checkpoint.
 

@@ -93,3 +93,65 @@ def test_loss_state_starts_equal_on_every_rank(tmp_path):
     assert set(s0) >= {"queue", "prototypes"}
     for key in s0:
         assert torch.equal(s0[key], s1[key]), key
+
+
+def _agree_with_slow_steps(rank: int, world_size: int, step_s: float, ask_at: int) -> list:
+    """Steps of ``step_s`` seconds (a fake clock); rank 1 asks to stop after step ``ask_at``.
+    Returns (step at which the stop was agreed, intervals used)."""
+    clock = [0.0]
+    stopper = StopController(check_every=10, check_seconds=2.0, clock=lambda: clock[0])
+    stopper.install()
+    task = _Task()
+    task.stop_training = False
+    intervals = []
+    try:
+        for step in range(1, 60):
+            clock[0] += step_s
+            if rank == 1 and step == ask_at:
+                task.stop_training = True
+            if stopper.after_step(task) != NO_STOP:
+                return [step, intervals]
+            intervals.append(stopper.interval)
+        return [None, intervals]
+    finally:
+        stopper.uninstall()
+
+
+def test_slow_steps_agree_on_a_stop_within_two_steps():
+    """#22 item 7: with 5 s steps, a stop asked at step 6 was agreed 10-20 steps later
+    (50-100 s: SLURM kills 60 s after SIGTERM). Checks are spaced in time now."""
+    from vissl.utils.test_utils import spawn_gloo
+
+    results = spawn_gloo(_agree_with_slow_steps, 2, 5.0, 6)
+    (stop0, _), (stop1, intervals) = results
+    assert stop0 == stop1, "the ranks must stop at the same step"
+    assert stop0 is not None and stop0 - 6 <= 2, results
+    assert set(intervals) == {1}
+
+
+def test_fast_steps_are_checked_every_check_every_steps():
+    from vissl.utils.test_utils import spawn_gloo
+
+    (stop0, intervals0), (stop1, intervals1) = spawn_gloo(_agree_with_slow_steps, 2, 0.001, 40)
+    assert intervals0 == intervals1  # the same spacing on every rank
+    assert intervals0[-1] == 10  # 10 steps of 1 ms: the cap, not every step
+    assert stop0 == stop1 and stop0 is not None and stop0 - 40 <= 20
+
+
+def test_a_gloo_side_group_that_cannot_connect_names_gloo_socket_ifname(monkeypatch):
+    import torch.distributed as dist
+
+    from vissl.errors import DistributedSetupError
+    from vissl.trainer import stopping
+
+    def unreachable(*args, **kwargs):
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:144] connect: Connection refused")
+
+    monkeypatch.setattr(stopping, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda *a, **k: "nccl")
+    monkeypatch.setattr(dist, "new_group", unreachable)
+    stopper = StopController()
+    with pytest.raises(DistributedSetupError, match="GLOO_SOCKET_IFNAME") as err:
+        stopper.install()
+    stopper.uninstall()
+    assert "Connection refused" in str(err.value)

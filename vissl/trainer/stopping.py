@@ -6,12 +6,23 @@ or setting ``task.stop_training`` (e.g. a profiler done with its window, early
 stopping). With several processes a rank that stops alone would leave the others hanging
 in a collective, so the ranks agree first, without a collective or a host read per step:
 
-- every ``check_every`` steps each rank *starts* a non-blocking all-reduce (MAX) of its
-  flag on a CPU (gloo) group, and *reads* the one it started ``check_every`` steps
-  earlier, which has long completed. Every rank reads at the same step, so all ranks
-  decide the same; a stop asked at step k is agreed by step k + 2 * check_every;
+- at a check, each rank *starts* a non-blocking all-reduce (MAX) of its flag and of the
+  time the steps since the last check took, on a CPU (gloo) group, and *reads* the one it
+  started at the previous check, which has long completed. Every rank reads at the same
+  step, so all ranks decide the same;
+- checks are spaced in time, not in steps: the agreed (slowest rank's) step time sets
+  the number of steps until the next check so that checks come about every
+  ``check_seconds`` (at least every step, at most every ``check_every`` steps). Every
+  rank computes the same spacing from the same agreed numbers. A stop asked at time t is
+  agreed by about t + 2 * max(check_seconds, one step): with steps of several seconds,
+  within two steps, well inside the minute SLURM leaves between SIGTERM and SIGKILL;
 - at a phase end the ranks agree at once (a blocking all-reduce: phase ends synchronise
   anyway).
+
+The side group is created with the gloo backend when the run's backend is NCCL. Gloo
+talks over the network interface ``GLOO_SOCKET_IFNAME`` names (by default the one the
+host name resolves to); when that interface cannot reach the other hosts, creating the
+group fails with a :class:`~vissl.errors.DistributedSetupError` that says so.
 
 One process needs no agreement: the flag is read every step (a Python attribute).
 
@@ -32,12 +43,15 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from vissl.errors import DistributedSetupError
 from vissl.utils.distributed import get_world_size
 
 if TYPE_CHECKING:
@@ -69,18 +83,32 @@ class StopController:
     """Signal handlers plus the rank agreement described in the module docstring.
 
     Args:
-        check_every: steps between two agreements with several processes.
+        check_every: the most steps between two agreements with several processes.
+        check_seconds: the time aimed for between two agreements (the step time,
+            agreed across ranks, sets how many steps that is).
+        clock: seconds, monotonic (for tests).
     """
 
-    def __init__(self, check_every: int = 10) -> None:
+    def __init__(
+        self,
+        check_every: int = 10,
+        check_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.check_every = max(1, int(check_every))
+        self.check_seconds = float(check_seconds)
+        self.clock = clock
         self.preempted = False
         self.signal_name = ""
         self.interrupts = 0  # SIGINTs received while installed
         self._previous: dict[int, Any] = {}
         self._group: Any = None
         self._steps = 0
-        self._buffer = torch.zeros(1, dtype=torch.int32)
+        #: steps between checks, the same on every rank (from agreed numbers only)
+        self.interval = 1
+        self._last_check = 0.0
+        #: [flag, milliseconds per step since the previous check], MAX over ranks
+        self._buffer = torch.zeros(2, dtype=torch.int64)
         self._pending: Any = None
 
     # ------------------------------------------------------------------ set-up
@@ -120,9 +148,10 @@ class StopController:
                 self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
         if get_world_size() > 1:
             # A CPU group: the flag never touches the accelerator (NCCL needs GPU tensors).
-            self._group = (
-                dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-            )
+            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else _gloo_side_group()
+            self._steps = 0
+            self.interval = 1
+            self._last_check = self.clock()
 
     def uninstall(self) -> None:
         """Restore the previous signal handlers; finish a pending agreement."""
@@ -168,17 +197,29 @@ class StopController:
         if self._group is None:
             return self._decide(task, self._local_flag(task))
         self._steps += 1
-        if self._steps % self.check_every:
+        if self._steps < self.interval:
             return NO_STOP
         agreed = NO_STOP
         if self._pending is not None:
-            self._pending.wait()  # started check_every steps ago: already complete
+            self._pending.wait()  # started at the previous check: already complete
             agreed = int(self._buffer[0])
-        self._buffer.fill_(self._local_flag(task))
+            # every rank reads the same agreed step time, so all space the next check alike
+            self.interval = self._next_interval(int(self._buffer[1]))
+        now = self.clock()
+        step_ms = 1000.0 * (now - self._last_check) / max(1, self._steps)
+        self._last_check = now
+        self._steps = 0
+        self._buffer[0] = self._local_flag(task)
+        self._buffer[1] = max(1, round(step_ms))
         self._pending = dist.all_reduce(
             self._buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True
         )
         return self._decide(task, agreed)
+
+    def _next_interval(self, step_ms: int) -> int:
+        """Steps until the next check: about ``check_seconds``, within [1, check_every]."""
+        steps = int(1000.0 * self.check_seconds / max(1, step_ms))
+        return max(1, min(self.check_every, steps))
 
     def at_phase_end(self, task: SelfSupervisionTask) -> int:
         """The agreed flag at a phase end (blocking with several processes)."""
@@ -190,6 +231,26 @@ class StopController:
             agreed = int(self._buffer[0])
             self._pending = None
         self._steps = 0
-        self._buffer.fill_(max(agreed, self._local_flag(task)))
+        self._last_check = self.clock()
+        self._buffer[0] = max(agreed, self._local_flag(task))
+        self._buffer[1] = 1
         dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group)
         return self._decide(task, int(self._buffer[0]))
+
+
+def _gloo_side_group() -> Any:
+    """A gloo group of every rank, beside the run's NCCL group (collective).
+
+    Raises:
+        DistributedSetupError: gloo could not connect the ranks, with what to set.
+    """
+    try:
+        return dist.new_group(backend="gloo")
+    except Exception as err:
+        raise DistributedSetupError(
+            "could not create the gloo process group that the ranks use to agree on "
+            f"stopping (preemption, Ctrl-C, early stopping) beside NCCL: {err}. Gloo uses "
+            "the network interface named by GLOO_SOCKET_IFNAME (by default the one this "
+            "host's name resolves to); set GLOO_SOCKET_IFNAME to an interface every node "
+            "can reach, e.g. GLOO_SOCKET_IFNAME=eth0 (the one NCCL_SOCKET_IFNAME names)."
+        ) from err

@@ -49,8 +49,10 @@ from vissl.utils.distributed import barrier, is_primary
 
 logger = logging.getLogger(__name__)
 
-#: Steps between two stop agreements of the ranks (see :mod:`vissl.trainer.stopping`).
+#: The most steps between two stop agreements of the ranks, and the time aimed for
+#: between two (see :mod:`vissl.trainer.stopping`): slow steps are checked every step.
 STOP_CHECK_EVERY = 10
+STOP_CHECK_SECONDS = 2.0
 
 
 class SelfSupervisionTrainer:
@@ -118,7 +120,7 @@ class SelfSupervisionTrainer:
             if self.cfg.MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE and device_is_cuda(self.device)
             else 0
         )
-        stopper = StopController(check_every=STOP_CHECK_EVERY)
+        stopper = StopController(check_every=STOP_CHECK_EVERY, check_seconds=STOP_CHECK_SECONDS)
         stopped = False
         self._prefetched = None
         try:
