@@ -179,3 +179,111 @@ def test_build_gradient_reducer_choices():
     assert type(build_gradient_reducer(2, manual=False)) is DDPReduction
     manual = build_gradient_reducer(2, manual=True, find_unused_parameters=True)
     assert isinstance(manual, ManualReduction) and manual.find_unused_parameters
+
+
+class _ThreeBranches(nn.Module):
+    """Rank 0 uses ``b``, rank 1 uses ``c`` (same shape): the gradients to reduce differ."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(4, 2), nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, rank: int) -> torch.Tensor:
+        return self.a(x) + (self.b(x) if rank == 0 else self.c(x))
+
+
+def _mismatched_gradients(rank: int, world_size: int) -> str:
+    from vissl.trainer.gradient_reduction import UnusedParametersError
+
+    model = _ThreeBranches()
+    reducer = ManualReduction()
+    wrapped = reducer.wrap(model, torch.device("cpu"))
+    with reducer.context(wrapped):
+        wrapped(torch.ones(2, 4), rank=rank).sum().backward()
+    try:
+        reducer.after_backward(wrapped)
+    except UnusedParametersError as err:
+        return str(err)
+    return "reduced"
+
+
+def test_manual_reduction_refuses_parameters_without_gradient():
+    """#22 item 8: rank 0 has gradients for (a, b), rank 1 for (a, c); the flat buckets had
+    equal sizes, so b's gradient was averaged with c's without any error."""
+    r0, r1 = spawn_gloo(_mismatched_gradients, 2)
+    assert "got no gradient on rank 0" in r0 and "'c.weight'" in r0
+    assert "got no gradient on rank 1" in r1 and "'b.weight'" in r1
+    assert "MANUAL_GRADIENT_REDUCTION" in r0
+
+
+class _WithBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(
+            nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 4), nn.BatchNorm1d(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _collectives_per_step(rank: int, world_size: int, backend: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import vissl.utils.distributed as ud
+
+    model = _WithBatchNorm()
+    reducer = ManualReduction(find_unused_parameters=True)
+    wrapped = reducer.wrap(model, torch.device("cpu"))
+    calls: list[tuple[str, Any, torch.dtype]] = []
+    reads: list[str] = []
+    real = dist.broadcast, dist.all_reduce, dist.get_backend, torch.Tensor.tolist, torch.Tensor.item
+
+    def spy(name, fn):
+        def wrapper(tensor, *args, **kwargs):
+            calls.append((name, kwargs.get("group"), tensor.dtype))
+            return fn(tensor, *args, **kwargs)
+
+        return wrapper
+
+    side = dist.new_group(backend="gloo")
+    dist.broadcast, dist.all_reduce = spy("broadcast", real[0]), spy("all_reduce", real[1])
+    torch.Tensor.tolist = lambda t: (reads.append("tolist"), real[3](t))[1]
+    torch.Tensor.item = lambda t: (reads.append("item"), real[4](t))[1]
+    if backend == "nccl":  # a run on NCCL: the agreement must use the gloo side group
+        dist.get_backend = lambda *a, **k: "nccl"
+        ud._GLOO_SIDE_GROUP = (id(dist.group.WORLD), side)
+    try:
+        for _step in range(2):  # the second step is measured
+            calls.clear()
+            reads.clear()
+            for _micro in range(3):  # 3 micro-batches of an accumulated step
+                with reducer.context(wrapped):
+                    wrapped(torch.randn(4, 4)).sum().backward()
+            reducer.after_backward(wrapped)
+    finally:
+        dist.broadcast, dist.all_reduce, dist.get_backend = real[:3]
+        torch.Tensor.tolist, torch.Tensor.item = real[3:]
+        ud._GLOO_SIDE_GROUP = None
+    flags = [c for c in calls if c[0] == "all_reduce" and c[2] == torch.uint8]
+    return {
+        "broadcasts": sum(1 for c in calls if c[0] == "broadcast"),
+        "flags_on_side_group": [c[1] is side for c in flags],
+        "grad_reduces": sum(1 for c in calls if c[0] == "all_reduce" and c[2] == torch.float32),
+        "reads": reads,
+    }
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_manual_reduction_collectives_per_step(backend):
+    """#22 items 9 and 11: buffers are broadcast once per optimizer step (not per
+    micro-batch), one collective per dtype; the unused-parameter agreement is one host
+    all-reduce on a gloo group (under NCCL too: no device tensor, no device read)."""
+    r0, r1 = spawn_gloo(_collectives_per_step, 2, backend)
+    for r in (r0, r1):
+        assert r["broadcasts"] == 2  # float statistics + int64 counters, once
+        assert r["grad_reduces"] == 1
+        assert r["flags_on_side_group"] == [backend == "nccl"]
+        assert r["reads"] == ["tolist"]  # the host flags, nothing else

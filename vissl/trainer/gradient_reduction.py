@@ -29,10 +29,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from vissl.errors import VisslError
 from vissl.utils.distributed import (
-    all_reduce_max,
     broadcast_coalesced,
     get_world_size,
+    gloo_group,
     iter_buckets,
     unflatten_into,
 )
@@ -116,15 +117,24 @@ class DDPReduction(NoReduction):
         return self._ddp(model, device, self.find_unused_parameters)
 
 
+class UnusedParametersError(VisslError, RuntimeError):
+    """A trainable parameter got no gradient on a rank, under manual gradient reduction."""
+
+
 class ManualReduction(DDPReduction):
     """DDP's ``no_sync`` during forward/backward, then a bucketed async all-reduce.
 
-    Gradients of parameters that got none on this rank are handled as DDP does with
-    ``find_unused_parameters``: when ``find_unused_parameters`` is set, the ranks first
-    agree (one small all-reduce) on which parameters have a gradient anywhere; those
-    missing here are taken as zero and the globally unused ones keep ``grad=None``.
-    Without it, every rank must produce gradients for the same parameters (as DDP
-    requires without ``find_unused_parameters``).
+    - Buffers (BatchNorm statistics) are broadcast from rank 0 once per optimizer step,
+      before its first forward, in one collective per (device, dtype) bucket.
+    - Gradients are all-reduced in flat buckets of one (device, dtype), all launched
+      asynchronously, then waited on, and averaged. Nothing is read back to the host.
+    - Parameters without a gradient: with ``find_unused_parameters``, the ranks agree on
+      which parameters have a gradient anywhere, on host flags over a gloo group (no
+      device read); those missing here are taken as zero and the globally unused ones
+      keep ``grad=None``, as DDP does. Without it, every trainable parameter must have a
+      gradient on every rank, as DDP requires: a parameter without one raises
+      :class:`UnusedParametersError` at once (ranks that disagree would all-reduce
+      buffers of different sizes, a hang or garbage under NCCL).
     """
 
     name = "manual"
@@ -137,10 +147,14 @@ class ManualReduction(DDPReduction):
     ) -> None:
         super().__init__(broadcast_buffers, bucket_cap_mb, find_unused_parameters)
         self._bucket_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
+        self._buffers_synced = False  # this optimizer step's buffers were broadcast
+        self._named: list[tuple[str, nn.Parameter]] | None = None
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         # DDP never reduces here (always under no_sync), so it needs no unused-parameter
         # search; the constructor still broadcasts rank 0's parameters and buffers.
+        self._buffers_synced = False
+        self._named = None
         return self._ddp(model, device, find_unused=False)
 
     @contextlib.contextmanager
@@ -149,9 +163,11 @@ class ManualReduction(DDPReduction):
         if not isinstance(model, DistributedDataParallel):
             yield
             return
-        if self.broadcast_buffers:
-            # Under no_sync DDP stops syncing buffers before forward; do it here.
+        if self.broadcast_buffers and not self._buffers_synced:
+            # Under no_sync DDP stops syncing buffers before forward; do it here, once per
+            # optimizer step (not at every micro-batch of an accumulated step).
             broadcast_coalesced(list(model.module.buffers()), src=0)
+            self._buffers_synced = True
         with model.no_sync():
             yield
 
@@ -159,22 +175,40 @@ class ManualReduction(DDPReduction):
         """DDP's ``no_sync`` (also through a ``torch.compile`` wrapper) and buffer broadcast."""
         return self._context(model)
 
+    def _named_trainable(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        if self._named is None:
+            inner = unwrap_compiled(model)
+            inner = inner.module if isinstance(inner, DistributedDataParallel) else inner
+            self._named = [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
+        return self._named
+
     def _params_to_reduce(self, model: nn.Module) -> list[nn.Parameter]:
-        params = [p for p in model.parameters() if p.requires_grad]
+        named = self._named_trainable(model)
         if not self.find_unused_parameters:
-            return [p for p in params if p.grad is not None]
-        device = params[0].device if params and dist.get_backend() == "nccl" else None
-        has_grad = torch.tensor(
-            [p.grad is not None for p in params], dtype=torch.int32, device=device
-        )
-        all_reduce_max(has_grad)
-        used = [p for p, flag in zip(params, has_grad.tolist(), strict=True) if flag]
+            missing = [n for n, p in named if p.grad is None]
+            if missing:
+                raise UnusedParametersError(
+                    f"config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION: {len(missing)} trainable "
+                    f"parameters got no gradient on rank {dist.get_rank()} in this step, e.g. "
+                    f"{missing[:5]}. Every rank must compute a gradient for every trainable "
+                    "parameter (as DDP requires without find_unused_parameters): ranks that "
+                    "disagree would all-reduce buffers of different sizes. Make the loss use "
+                    "these parameters, or freeze them (requires_grad=False, e.g. "
+                    "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP for a while), or set "
+                    "config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=False."
+                )
+            return [p for _, p in named]
+        # Host flags, agreed on a gloo group: no device tensor, no device read.
+        has_grad = torch.tensor([p.grad is not None for _, p in named], dtype=torch.uint8)
+        dist.all_reduce(has_grad, op=dist.ReduceOp.MAX, group=gloo_group())
+        used = [p for (_, p), flag in zip(named, has_grad.tolist(), strict=True) if flag]
         for p in used:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         return used
 
     def after_backward(self, model: nn.Module) -> None:
+        self._buffers_synced = False  # the next step's first forward broadcasts again
         world_size = get_world_size()
         if world_size == 1:
             return

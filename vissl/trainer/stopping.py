@@ -51,8 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from vissl.errors import DistributedSetupError
-from vissl.utils.distributed import get_world_size
+from vissl.utils.distributed import get_world_size, gloo_group
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
@@ -148,7 +147,7 @@ class StopController:
                 self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
         if get_world_size() > 1:
             # A CPU group: the flag never touches the accelerator (NCCL needs GPU tensors).
-            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else _gloo_side_group()
+            self._group = gloo_group()
             self._steps = 0
             self.interval = 1
             self._last_check = self.clock()
@@ -236,21 +235,3 @@ class StopController:
         self._buffer[1] = 1
         dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group)
         return self._decide(task, int(self._buffer[0]))
-
-
-def _gloo_side_group() -> Any:
-    """A gloo group of every rank, beside the run's NCCL group (collective).
-
-    Raises:
-        DistributedSetupError: gloo could not connect the ranks, with what to set.
-    """
-    try:
-        return dist.new_group(backend="gloo")
-    except Exception as err:
-        raise DistributedSetupError(
-            "could not create the gloo process group that the ranks use to agree on "
-            f"stopping (preemption, Ctrl-C, early stopping) beside NCCL: {err}. Gloo uses "
-            "the network interface named by GLOO_SOCKET_IFNAME (by default the one this "
-            "host's name resolves to); set GLOO_SOCKET_IFNAME to an interface every node "
-            "can reach, e.g. GLOO_SOCKET_IFNAME=eth0 (the one NCCL_SOCKET_IFNAME names)."
-        ) from err

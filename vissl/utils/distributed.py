@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vissl.errors import DistributedSetupError
+
 
 def find_free_port() -> int:
     """A TCP port on localhost that was free a moment ago."""
@@ -134,23 +136,28 @@ def all_reduce_sum_with_grad(tensor: torch.Tensor, group: Any = None) -> torch.T
 def iter_buckets(
     tensors: Sequence[torch.Tensor], bucket_bytes: int
 ) -> Iterator[list[torch.Tensor]]:
-    """Split ``tensors`` into consecutive buckets of one dtype and device, each at most
-    ``bucket_bytes`` (a single larger tensor gets a bucket of its own)."""
-    bucket: list[torch.Tensor] = []
-    size = 0
+    """Split ``tensors`` into buckets of one dtype and device, each at most
+    ``bucket_bytes`` (a single larger tensor gets a bucket of its own).
+
+    Tensors are grouped by (device, dtype) first, in order of first appearance, keeping
+    their order within a group: interleaved dtypes (BatchNorm's float statistics and
+    integer counters) do not start a new bucket at every change.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if bucket and (
-            size + nbytes > bucket_bytes
-            or t.dtype != bucket[0].dtype
-            or t.device != bucket[0].device
-        ):
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    for group in groups.values():
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in group:
+            nbytes = t.numel() * t.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append(t)
+            size += nbytes
+        if bucket:
             yield bucket
-            bucket, size = [], 0
-        bucket.append(t)
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
@@ -176,6 +183,40 @@ def broadcast_coalesced(
         flat = torch.cat([t.detach().reshape(-1) for t in bucket])
         dist.broadcast(flat, src=src)
         unflatten_into(flat, bucket)
+
+
+_GLOO_SIDE_GROUP: tuple[int, Any] | None = None
+
+
+def gloo_group() -> Any:
+    """A process group of every rank on the gloo backend, for agreements on host values.
+
+    The default group itself when it is gloo; otherwise one gloo group beside it
+    (NCCL's collectives need device tensors), created at the first call and shared by
+    later ones. Collective at the first call: every rank must make it at the same point.
+
+    Raises:
+        DistributedSetupError: gloo could not connect the ranks (``GLOO_SOCKET_IFNAME``).
+    """
+    global _GLOO_SIDE_GROUP
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    world = id(dist.group.WORLD)
+    if _GLOO_SIDE_GROUP is not None and _GLOO_SIDE_GROUP[0] == world:
+        return _GLOO_SIDE_GROUP[1]
+    try:
+        group = dist.new_group(backend="gloo")
+    except Exception as err:
+        raise DistributedSetupError(
+            "could not create the gloo process group the ranks use to agree on host-side "
+            f"decisions (stopping on preemption or Ctrl-C, unused parameters) beside NCCL: "
+            f"{err}. Gloo uses the network interface named by GLOO_SOCKET_IFNAME (by default "
+            "the one this host's name resolves to); set GLOO_SOCKET_IFNAME to an interface "
+            "every node can reach, e.g. GLOO_SOCKET_IFNAME=eth0 (the one NCCL_SOCKET_IFNAME "
+            "names)."
+        ) from err
+    _GLOO_SIDE_GROUP = (world, group)
+    return group
 
 
 def max_parameter_divergence(module: torch.nn.Module) -> float:
