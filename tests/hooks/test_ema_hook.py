@@ -87,6 +87,40 @@ def test_the_average_follows_the_formula_every_update_iter_steps(update_iter: in
     assert hook.model[0].weight.data_ptr() != model[0].weight.data_ptr()
 
 
+@pytest.mark.parametrize("update_iter", [1, 2])
+def test_host_staged_average_equals_the_direct_one(update_iter: int) -> None:
+    """#22 item 10: with the EMA on the CPU of a GPU model, an update is one flat
+    non-blocking copy per dtype (HostSnapshot), folded in at the next update or when the
+    EMA is read. Forced on here (CPU model): the average must be bitwise the direct one."""
+    results = []
+    for staged in (False, True):
+        torch.manual_seed(0)
+        model = _small()
+        hook = EmaHook(decay=0.7, update_iter=update_iter, stage_on_host=staged)
+        _drive(hook, model, steps=7)
+        assert (hook._snapshot is not None) == staged
+        results.append(hook.ema_state_dict())
+    direct, staged_state = results
+    assert direct is not None and staged_state is not None
+    for k in direct:
+        assert torch.equal(direct[k], staged_state[k]), k
+
+
+def test_host_snapshot_copies_each_dtype_once_and_keeps_launch_time_values() -> None:
+    from vissl.models.momentum import HostSnapshot
+
+    tensors = [torch.ones(2, 3), torch.zeros(4, dtype=torch.int64), torch.full((5,), 2.0)]
+    snap = HostSnapshot(tensors)
+    assert len(snap._groups) == 2  # float32 and int64
+    snap.launch()
+    for t in tensors:
+        t.add_(10)  # changes after the launch are not in the snapshot
+    views = snap.wait()
+    assert [v.shape for v in views] == [t.shape for t in tensors]
+    assert torch.equal(views[0], torch.ones(2, 3)) and torch.equal(views[2], torch.full((5,), 2.0))
+    assert views[1].dtype == torch.int64 and int(views[1].sum()) == 0
+
+
 def test_update_iter_two_changes_the_average_after_even_steps_only() -> None:
     torch.manual_seed(0)
     hook = EmaHook(decay=0.5, update_iter=2)

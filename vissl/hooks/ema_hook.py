@@ -12,8 +12,11 @@ On when ``SAVE_EMA_MODEL`` or ``ENABLE_EMA_METERS`` is set (as in VISSL).
   read). Buffers (BatchNorm running statistics) are *copied* from the model rather than
   averaged: the model's statistics are estimates over recent batches already, the EMA
   never runs in train mode to collect its own, and averaging integer counters
-  (``num_batches_tracked``) is meaningless. With ``EMA_DEVICE: cpu`` each update copies
-  the weights to the host (a device sync); raise ``UPDATE_ITER`` to make that rarer.
+  (``num_batches_tracked``) is meaningless. With ``EMA_DEVICE: cpu`` and the model on a
+  GPU, an update starts one flat non-blocking copy of the weights per dtype into pinned
+  host memory (:class:`~vissl.models.momentum.HostSnapshot`) and the average is taken on
+  the CPU later, at the next update or when the EMA is read (a test phase, a
+  checkpoint): the host never waits for the GPU.
   Under fp16 a step the GradScaler skips still counts (the model did not change, the
   EMA moves towards it), as in VISSL.
 - Checkpoints hold the EMA as ``classy_state_dict["ema_model"]`` in the layout of
@@ -40,7 +43,14 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
 from vissl.meters.update import update_meters
-from vissl.models.momentum import EmaTensors, ema_tensors, ema_update_tensors_, momentum_copy
+from vissl.models.momentum import (
+    EmaTensors,
+    HostSnapshot,
+    copy_tensors_,
+    ema_tensors,
+    ema_update_tensors_,
+    momentum_copy,
+)
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
@@ -152,6 +162,9 @@ class EmaHook(VisslHook):
         ema_device: "gpu" (or "cuda": the task's device) or "cpu".
         enable_ema_meters: also measure the EMA with the METERS in test phases.
         meters_config: ``config.METERS`` (needed for ``enable_ema_meters``).
+        stage_on_host: take the average from host snapshots, applied one update late
+            (see the module docstring); None: when the EMA is on the CPU and the model
+            on a GPU.
 
     Raises:
         ConfigError: a value out of range, or EMA meters without any meter configured.
@@ -168,8 +181,12 @@ class EmaHook(VisslHook):
         ema_device: str = "gpu",
         enable_ema_meters: bool = False,
         meters_config: Mapping[str, Any] | None = None,
+        stage_on_host: bool | None = None,
     ) -> None:
         self.decay = _check_decay(decay)
+        self.stage_on_host = stage_on_host
+        self._snapshot: HostSnapshot | None = None
+        self._snapshot_pending = False
         self.update_iter = _check_update_iter(update_iter)
         self.ema_device = _check_device(ema_device)
         self.enable_ema_meters = bool(enable_ema_meters)
@@ -210,6 +227,13 @@ class EmaHook(VisslHook):
             model.eval()  # it never trains: dropout off, BatchNorm uses the copied stats
             self.model, self.device = model, device
             self._tensors = ema_tensors(model, task.base_model)
+            stage = self.stage_on_host
+            if stage is None:
+                stage = device.type == "cpu" and task.device.type == "cuda"
+            if stage:
+                self._snapshot = HostSnapshot(
+                    [*self._tensors.source_params, *self._tensors.source_buffers]
+                )
             logger.info(
                 "EMA of the model on %s: decay %s, updated every %d optimizer step(s)",
                 device,
@@ -232,7 +256,28 @@ class EmaHook(VisslHook):
             return
         self.ensure_model(task)
         assert self._tensors is not None
-        ema_update_tensors_(self._tensors, self.decay)
+        if self._snapshot is None:
+            ema_update_tensors_(self._tensors, self.decay)
+            return
+        self.apply_pending()
+        self._snapshot.launch()
+        self._snapshot_pending = True
+
+    @torch.no_grad()
+    def apply_pending(self) -> None:
+        """Fold in the update whose host snapshot is in flight (a no-op if none is)."""
+        if not self._snapshot_pending:
+            return
+        assert self._snapshot is not None and self._tensors is not None
+        values = self._snapshot.wait()
+        params = len(self._tensors.target_params)
+        if params:
+            torch._foreach_lerp_(self._tensors.target_params, values[:params], 1.0 - self.decay)
+        copy_tensors_(self._tensors.target_buffers, values[params:])
+        self._snapshot_pending = False
+
+    def on_end(self, task: SelfSupervisionTask) -> None:
+        self.apply_pending()
 
     # ------------------------------------------------------------------ EMA meters
     def on_phase_start(self, task: SelfSupervisionTask) -> None:
@@ -250,6 +295,7 @@ class EmaHook(VisslHook):
         if task.train or not self.ema_meters:
             return
         model = self.ensure_model(task)
+        self.apply_pending()
         assert self.device is not None
         sample = task.last_batch.sample
         x = sample["input"]
@@ -266,12 +312,14 @@ class EmaHook(VisslHook):
     # ------------------------------------------------------------------ checkpoints
     def ema_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The EMA's flat state dict (``trunk.*``, ``heads.*``), or None before it exists."""
+        self.apply_pending()
         return None if self.model is None else self.model.state_dict()
 
     def load_ema_state_dict(
         self, task: SelfSupervisionTask, state: Mapping[str, torch.Tensor]
     ) -> None:
         """Restore the EMA from a checkpoint (called on resume, before ``on_start``)."""
+        self._snapshot_pending = False  # an update in flight is superseded
         self.ensure_model(task).load_state_dict(dict(state))
 
     def checkpoint_entries(self, task: SelfSupervisionTask) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from torch import nn
 __all__ = [
     "MOMENTUM_COPY_ATTR",
     "EmaTensors",
+    "HostSnapshot",
     "copy_tensors_",
     "ema_tensors",
     "ema_update_",
@@ -227,6 +228,60 @@ def ema_update_tensors_(tensors: EmaTensors, momentum: float, copy_buffers: bool
         torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
     if copy_buffers:
         copy_tensors_(tensors.target_buffers, tensors.source_buffers)
+
+
+class HostSnapshot:
+    """Snapshots of device tensors in (pinned) host memory, taken without a host wait.
+
+    :meth:`launch` concatenates the tensors of each dtype on their device and starts one
+    ``non_blocking`` copy per dtype into a pinned host buffer; :meth:`wait` returns host
+    views shaped like the tensors, once those copies are done (by then, usually long
+    done). The values are those the tensors had when :meth:`launch` was called, in the
+    device's stream order. Used by an EMA kept on the CPU of a model on a GPU: one flat
+    copy per update instead of one blocking copy per tensor.
+
+    Args:
+        tensors: tensors on one device (the model's parameters and buffers).
+    """
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        pin = bool(tensors) and tensors[0].is_cuda
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        self._groups = [
+            (
+                index,
+                torch.empty(sum(tensors[i].numel() for i in index), dtype=dtype, pin_memory=pin),
+            )
+            for dtype, index in by_dtype.items()
+        ]
+        self._event: Any = None
+
+    @torch.no_grad()
+    def launch(self) -> None:
+        """Start copying the tensors' current values to the host (no host wait)."""
+        for index, host in self._groups:
+            flat = torch.cat([self.tensors[i].detach().reshape(-1) for i in index])
+            host.copy_(flat, non_blocking=True)
+        if self.tensors and self.tensors[0].is_cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def wait(self) -> list[torch.Tensor]:
+        """Host views of the values :meth:`launch` copied, in the order of the tensors."""
+        if self._event is not None:
+            self._event.synchronize()  # recorded a step ago: normally already complete
+            self._event = None
+        views: list[torch.Tensor] = [torch.empty(0)] * len(self.tensors)
+        for index, host in self._groups:
+            offset = 0
+            for i in index:
+                n = self.tensors[i].numel()
+                views[i] = host[offset : offset + n].view_as(self.tensors[i])
+                offset += n
+        return views
 
 
 @torch.no_grad()
