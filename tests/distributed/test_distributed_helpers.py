@@ -76,3 +76,16 @@ def test_interleaved_dtypes_share_buckets():
     buckets = list(iter_buckets(buffers, bucket_bytes=25 * 1024 * 1024))
     assert len(buckets) == 2  # one float32, one int64
     assert sum(len(b) for b in buckets) == len(buffers)
+
+
+def _gather_to_primary(rank: int, world_size: int):
+    from vissl.utils.distributed import gather_object_to_primary
+
+    return gather_object_to_primary({"rank": rank, "t": torch.full((2,), float(rank))})
+
+
+def test_gather_object_to_primary_only_rank_0_receives():
+    """#22 item 12: per-rank checkpoint state is gathered on the writing rank only."""
+    r0, r1 = spawn_gloo(_gather_to_primary, 2)
+    assert r1 is None
+    assert [d["rank"] for d in r0] == [0, 1] and torch.equal(r0[1]["t"], torch.ones(2))

@@ -287,3 +287,16 @@ def test_manual_reduction_collectives_per_step(backend):
         assert r["grad_reduces"] == 1
         assert r["flags_on_side_group"] == [backend == "nccl"]
         assert r["reads"] == ["tolist"]  # the host flags, nothing else
+
+
+def _bucket_views(rank: int, world_size: int) -> tuple[bool, bool]:
+    ddp = DDPReduction().wrap(_TwoBranches(), torch.device("cpu"))
+    manual = ManualReduction().wrap(_TwoBranches(), torch.device("cpu"))
+    return ddp.gradient_as_bucket_view, manual.gradient_as_bucket_view
+
+
+def test_ddp_gradients_are_bucket_views():
+    """#22 item 12: DDP's gradients live in its buckets (no copy in and out); the manual
+    reducer's DDP wrapper never reduces, so its gradients stay plain."""
+    for ddp_view, manual_view in spawn_gloo(_bucket_views, 2):
+        assert ddp_view and not manual_view

@@ -58,3 +58,35 @@ def test_compile(tmp_path):
     (path,) = tmp_path.glob("model_final_checkpoint_phase0.torch")
     trunk = load_checkpoint(str(path))["classy_state_dict"]["base_model"]["model"]["trunk"]
     assert trunk and not any("_orig_mod" in k for k in trunk)
+
+
+class InspectCopies(VisslHook):
+    def on_start(self, task):
+        self.encoder_compiled = task.loss.momentum_encoder._compiled_call_impl is not None
+        self.ema_compiled = None
+
+    def on_step(self, task):
+        ema = next(h for h in task.hooks if type(h).__name__ == "EmaHook")
+        self.ema_compiled = ema.model._compiled_call_impl is not None
+
+
+@pytest.mark.integration
+def test_compile_reaches_the_momentum_encoder_and_the_ema(tmp_path):
+    """#22 item 12: MODEL.COMPILE compiled the student only; MoCo's key encoder (and the
+    EMA model when it runs forwards) stayed eager. Checkpoint keys do not change."""
+    hook = InspectCopies()
+    run_config(
+        "test/integration_test/quick_moco",
+        "config.MODEL.COMPILE.USE_COMPILE=True",
+        "config.MODEL.COMPILE.BACKEND=eager",
+        "config.OPTIMIZER.num_epochs=1",
+        "config.HOOKS.EMA_MODEL.ENABLE_EMA_METERS=True",
+        "config.METERS.names=[accuracy_list_meter]",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+        hook_generator=lambda cfg: [*default_hook_generator(cfg), hook],
+    )
+    assert hook.encoder_compiled and hook.ema_compiled
+    (path,) = tmp_path.glob("model_final_checkpoint_phase*.torch")
+    loss = load_checkpoint(str(path))["classy_state_dict"]["loss"]
+    assert any(k.startswith("momentum_encoder.trunk.") for k in loss)
+    assert not any("_orig_mod" in k for k in loss)

@@ -102,3 +102,29 @@ def test_overridden_backward_runs_for_every_micro_batch(tmp_path):
     finally:
         TRAIN_STEP_REGISTRY.unregister("test_counting_backward_step")
     assert task.iteration == 4 and calls == [0, 1] * 4
+
+
+def test_the_logged_loss_is_reduced_once_per_step(tmp_path, monkeypatch):
+    """#22 item 12: the loss all-reduce for logging ran for every micro-batch; now once
+    per optimizer step, on the mean of the micro-batches' losses."""
+    from tests._tiny_run import tiny_config, train_in_process
+    from vissl.trainer.train_steps.standard_train_step import StandardTrainStep
+
+    calls: list[int] = []
+    original = StandardTrainStep.reduce_loss_for_logging
+
+    def counted(self, task, local_loss):
+        calls.append(task.iteration)
+        return original(self, task, local_loss)
+
+    monkeypatch.setattr(StandardTrainStep, "reduce_loss_for_logging", counted)
+    cfg = tiny_config(
+        tmp_path,
+        "config.OPTIMIZER.GRAD_ACCUMULATION_STEPS=2",
+        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+        "config.TEST_MODEL=False",
+    )
+    task = train_in_process(cfg)
+    train_steps = task.iteration
+    assert train_steps == 8
+    assert calls == list(range(train_steps))  # one per optimizer step

@@ -134,3 +134,24 @@ def test_cuda_rng_of_an_older_checkpoint_with_every_device(monkeypatch) -> None:
     fake.current = 5  # fewer saved than this index: the first
     set_rng_state(state)
     assert [t.tolist() for t in fake.set_calls] == [[20], [22], [20]]
+
+
+def test_local_checkpoints_are_memory_mapped_and_legacy_files_still_load(tmp_path, monkeypatch):
+    """#22 item 12: resume files are loaded with mmap (tensors read when used)."""
+    seen: list[dict] = []
+    real_load = torch.load
+
+    def spy(f, *args, **kwargs):
+        seen.append(kwargs)
+        return real_load(f, *args, **kwargs)
+
+    save_checkpoint(str(tmp_path), "model_phase0.torch", {"w": torch.arange(4.0)})
+    legacy = tmp_path / "legacy.torch"
+    torch.save({"w": torch.arange(3.0)}, legacy, _use_new_zipfile_serialization=False)
+    monkeypatch.setattr(torch, "load", spy)
+    assert torch.equal(
+        load_checkpoint(str(tmp_path / "model_phase0.torch"))["w"], torch.arange(4.0)
+    )
+    assert seen[-1].get("mmap") is True and seen[-1]["weights_only"] is True
+    assert torch.equal(load_checkpoint(str(legacy))["w"], torch.arange(3.0))
+    assert not seen[-1].get("mmap")

@@ -71,9 +71,6 @@ def train_main(
     try:
         device = get_device(cfg, ctx.local_rank)
         set_seeds(cfg, rank)
-        if cfg.REPRODUCIBILITY.CUDDN_DETERMINISTIC:
-            torch.backends.cudnn.deterministic = True
-            torch.backends.cudnn.benchmark = False
         hooks = ctx.hook_generator(cfg)
         trainer = SelfSupervisionTrainer(cfg, checkpoint_folder, device, hooks, ctx.checkpoint_path)
         return trainer.train()

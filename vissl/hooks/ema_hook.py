@@ -225,6 +225,9 @@ class EmaHook(VisslHook):
             device = torch.device("cpu") if self.ema_device == "cpu" else task.device
             model = momentum_copy(task.base_model).to(device)
             model.eval()  # it never trains: dropout off, BatchNorm uses the copied stats
+            compile_module = getattr(task, "compile_module", None)
+            if self.enable_ema_meters and callable(compile_module):
+                compile_module(model)  # MODEL.COMPILE: its test-phase forwards too
             self.model, self.device = model, device
             self._tensors = ema_tensors(model, task.base_model)
             stage = self.stage_on_host

@@ -41,7 +41,13 @@ from vissl.utils.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from vissl.utils.distributed import all_gather_object, barrier, get_rank, get_world_size, is_primary
+from vissl.utils.distributed import (
+    barrier,
+    gather_object_to_primary,
+    get_rank,
+    get_world_size,
+    is_primary,
+)
 from vissl.utils.hydra_config import config_to_yaml
 
 if TYPE_CHECKING:
@@ -94,14 +100,17 @@ def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> 
     """Everything needed to resume ``task``, as tensors and plain containers.
 
     Collective with several processes (every rank must call it): per-rank RNG and meter
-    states are gathered into ``classy_state_dict["per_rank"]``.
+    states are gathered into ``classy_state_dict["per_rank"]`` on rank 0 (the rank that
+    writes); the other ranks' ``per_rank`` holds their own state only.
 
     Args:
         task: the task to save.
         phase_complete: True at a phase end; False for an iteration checkpoint, which
             resumes inside the phase, after ``local_iteration_num`` batches.
     """
-    per_rank: list[dict[str, Any]] = all_gather_object(_rank_state(task))  # type: ignore[assignment]
+    mine = _rank_state(task)
+    gathered = gather_object_to_primary(mine)
+    per_rank: list[dict[str, Any]] = gathered if gathered is not None else [mine]  # type: ignore[assignment]
     loss_sum, loss_count = task.phase_loss_state()
     classy_state = {
         "train": task.train,
@@ -262,7 +271,8 @@ def save_task_checkpoint(
     folder = task.checkpoint_folder
     path = None
     if is_primary():
-        path = save_checkpoint(folder, filename, state)
+        # CPU tensors: the file loads anywhere, also without the GPU it was written on
+        path = save_checkpoint(folder, filename, detach_to_cpu(state))
         removed = prune_checkpoints(folder, keep_last, protect=filename)
         if removed:
             logger.info("removed old checkpoints %s (CHECKPOINT.KEEP_LAST_N_CHECKPOINTS)", removed)

@@ -100,10 +100,20 @@ class DDPReduction(NoReduction):
         self.bucket_cap_mb = bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
 
-    def _ddp(self, model: nn.Module, device: torch.device, find_unused: bool) -> nn.Module:
+    def _ddp(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        find_unused: bool,
+        gradient_as_bucket_view: bool = True,
+    ) -> nn.Module:
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (e.g. feature extraction)
-        kwargs: dict[str, Any] = {_DDP_BUFFER_KWARG: self.broadcast_buffers}
+        kwargs: dict[str, Any] = {
+            _DDP_BUFFER_KWARG: self.broadcast_buffers,
+            # gradients are views into DDP's buckets: no copy in and out of them
+            "gradient_as_bucket_view": gradient_as_bucket_view,
+        }
         return DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
@@ -155,7 +165,8 @@ class ManualReduction(DDPReduction):
         # search; the constructor still broadcasts rank 0's parameters and buffers.
         self._buffers_synced = False
         self._named = None
-        return self._ddp(model, device, find_unused=False)
+        # (DDP's buckets are never reduced here: plain gradients)
+        return self._ddp(model, device, find_unused=False, gradient_as_bucket_view=False)
 
     @contextlib.contextmanager
     def _context(self, model: nn.Module) -> Iterator[None]:

@@ -20,6 +20,7 @@ from torch import nn
 from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
+from vissl.models.momentum import momentum_copies
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer_from_config
 from vissl.trainer.precision import Precision, build_precision
 from vissl.utils.distributed import broadcast_coalesced, get_rank, get_world_size
@@ -230,6 +231,9 @@ class SelfSupervisionTask:
             backend = str(compile_cfg.BACKEND)
             mode = str(compile_cfg.MODE) if backend == "inductor" else None
             self.model = torch.compile(self.model, backend=backend, mode=mode)  # type: ignore[assignment]
+            # The loss's copies of the model (teacher, key encoder) run forwards too.
+            for copy in momentum_copies(self.loss):
+                self.compile_module(copy)
         logger.info(
             "task built: %d phases (%d train), %d iterations, precision %s, gradient reduction %s",
             len(self.phases),
@@ -239,6 +243,18 @@ class SelfSupervisionTask:
             self.grad_reducer.name,
         )
         return self
+
+    def compile_module(self, module: nn.Module) -> nn.Module:
+        """``MODEL.COMPILE`` applied to another module the run calls (a teacher, a key
+        encoder, the EMA model): compiled in place (``nn.Module.compile``), so its
+        state-dict keys, and so the checkpoints, do not change. A no-op when compile is
+        off."""
+        compile_cfg = self.config.MODEL.COMPILE
+        if compile_cfg.USE_COMPILE:
+            backend = str(compile_cfg.BACKEND)
+            mode = str(compile_cfg.MODE) if backend == "inductor" else None
+            module.compile(backend=backend, mode=mode)
+        return module
 
     # ------------------------------------------------------------------ VISSL names
     @property

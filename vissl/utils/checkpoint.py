@@ -92,6 +92,15 @@ def save_checkpoint(folder: str, filename: str, state: Mapping[str, Any]) -> str
     return path
 
 
+def _is_zip_file(path: str) -> bool:
+    """Whether ``path`` is in torch's zip format (the only one ``mmap=True`` can read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True``.
 
@@ -99,6 +108,10 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
         CheckpointLoadError: if the file is missing, truncated, or holds pickled objects.
     """
     try:
+        if "://" not in path and str(map_location) == "cpu" and _is_zip_file(path):
+            # A local file is memory-mapped: tensors are read when used (copied into the
+            # model), not all at once; copy-on-write, so the file is never changed.
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # type: ignore[no-any-return]
         with g_pathmgr.open(path, "rb") as f:
             return torch.load(f, map_location=map_location, weights_only=True)  # type: ignore[no-any-return]
     except FileNotFoundError as err:

@@ -102,6 +102,19 @@ def all_gather_object(obj: object) -> list[object]:
     return out
 
 
+def gather_object_to_primary(obj: object) -> list[object] | None:
+    """``obj`` of every rank, in rank order, on rank 0; None on the other ranks.
+
+    Over the gloo group (:func:`gloo_group`): host objects never travel through device
+    memory, and only rank 0 receives them.
+    """
+    if get_world_size() == 1:
+        return [obj]
+    out: list[object] | None = [None] * get_world_size() if get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0, group=gloo_group())
+    return out
+
+
 class _AllReduceSumWithGrad(torch.autograd.Function):
     """all_reduce(SUM) whose backward all-reduces the incoming gradient (also a SUM).
 

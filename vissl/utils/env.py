@@ -31,4 +31,23 @@ def get_device(cfg: Any, local_rank: int = 0) -> torch.device:
             "config.DISTRIBUTED.NUM_PROC_PER_NODE",
         )
     torch.cuda.set_device(local_rank)
+    apply_cuda_backend_settings(cfg)
     return torch.device("cuda", local_rank)
+
+
+def apply_cuda_backend_settings(cfg: Any) -> None:
+    """``MACHINE.ALLOW_TF32``, ``MACHINE.CUDNN_BENCHMARK`` and
+    ``REPRODUCIBILITY.CUDDN_DETERMINISTIC`` applied to torch's CUDA backends.
+
+    Deterministic cudnn wins over ``CUDNN_BENCHMARK`` (benchmarking picks algorithms by
+    timing, which differs from run to run).
+    """
+    machine = cfg.get("MACHINE", {}) if hasattr(cfg, "get") else {}
+    deterministic = bool(cfg.get("REPRODUCIBILITY", {}).get("CUDDN_DETERMINISTIC", False))
+    tf32 = bool(machine.get("ALLOW_TF32", True))
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = (
+        bool(machine.get("CUDNN_BENCHMARK", True)) and not deterministic
+    )

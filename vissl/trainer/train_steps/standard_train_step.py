@@ -6,6 +6,9 @@ Order (hooks in brackets; a perf timer wraps each section)::
     -> meters_update [on_loss_and_meter]
     train phases only: -> backward [on_backward] -> optimizer_step [on_update]
 
+With ``OPTIMIZER.GRAD_ACCUMULATION_STEPS`` > 1 the loss all-reduce (for logging) runs
+once per step, on the mean of the micro-batches' losses, after the last one.
+
 Precision (autocast, loss scaling) and gradient reduction (DDP, manual all-reduce) are
 strategy objects on the task; this step never branches on them. Nothing is read back from
 the device here: the loss stays a tensor (hooks read it every LOG_FREQUENCY iterations).
@@ -129,13 +132,16 @@ class StandardTrainStep:
         stats = task.perf_stats
         accumulation = task.grad_accumulation_steps if task.train else 1
         with perf_timer("train_step_total", stats):
-            step_loss: torch.Tensor | None = None  # sum of the micro-batches' logged losses
+            # sum of the micro-batches' local losses: reduced over ranks once, after the last
+            step_loss: torch.Tensor | None = None
             # Weighted losses only: this rank's [sum w_i * loss_i, sum w_i] over micro-batches.
             weighted: torch.Tensor | None = None
             for micro in range(accumulation):
                 task.micro_step = micro
                 try:
-                    local_loss = self._forward_and_loss(task, stats, sync=micro == accumulation - 1)
+                    local_loss = self._forward_and_loss(
+                        task, stats, sync=micro == accumulation - 1, reduce=accumulation == 1
+                    )
                 except StopIteration:
                     if micro > 0:  # the data ended inside an accumulation: drop it
                         task.optimizer.zero_grad(set_to_none=True)
@@ -151,13 +157,15 @@ class StandardTrainStep:
                     term = torch.stack([(local_loss.detach().float() * weight).reshape(()), weight])
                     weighted = term if weighted is None else weighted.add_(term)
                 elif accumulation > 1:
-                    logged = task.last_batch.loss
-                    step_loss = logged.clone() if step_loss is None else step_loss.add_(logged)
+                    local = local_loss.detach().float()
+                    step_loss = local.clone() if step_loss is None else step_loss.add_(local)
                 if task.train:
                     with perf_timer("backward", stats):
                         self.backward(task, local_loss)
             if weighted is not None:
                 with perf_timer("loss_all_reduce", stats):
+                    if accumulation > 1 and task.last_batch.loss_extras:
+                        self.reduce_loss_for_logging(task, local_loss)  # the extras
                     total_weight = self._reduce_weighted_loss(task, weighted)
                 task.accumulate_loss(task.last_batch.loss, weight=total_weight)
                 if task.train:
@@ -165,8 +173,10 @@ class StandardTrainStep:
                         self._normalize_weighted_gradients(task, total_weight)
             else:
                 if step_loss is not None:
-                    # The step's loss is the mean over its micro-batches, not the last one's.
-                    task.last_batch.loss = step_loss.div_(accumulation)
+                    # The step's loss is the mean over its micro-batches, not the last
+                    # one's; one all-reduce per step, not one per micro-batch.
+                    with perf_timer("loss_all_reduce", stats):
+                        self.reduce_loss_for_logging(task, step_loss.div_(accumulation))
                 task.accumulate_loss(task.last_batch.loss)
             if task.train:
                 task.run_hooks("on_backward")
@@ -176,8 +186,16 @@ class StandardTrainStep:
                 task.num_updates += task.get_global_batchsize()
         return task
 
-    def _forward_and_loss(self, task: SelfSupervisionTask, stats: Any, sync: bool) -> torch.Tensor:
-        """read_sample -> forward [on_forward] -> loss -> all-reduce -> meters [on_loss_and_meter]."""
+    def _forward_and_loss(
+        self, task: SelfSupervisionTask, stats: Any, sync: bool, reduce: bool = True
+    ) -> torch.Tensor:
+        """read_sample -> forward [on_forward] -> loss -> all-reduce -> meters [on_loss_and_meter].
+
+        With ``reduce`` False (a micro-batch of an accumulated step) the loss is not
+        all-reduced here: ``task.last_batch.loss`` holds this rank's micro-batch loss until
+        the step reduces the mean of its micro-batches once. A weighted loss without
+        extras is not reduced here either: the step reduces its weighted sums.
+        """
         with perf_timer("read_sample", stats):
             sample = self.read_sample(task)
         task.last_batch.sample = sample
@@ -191,8 +209,11 @@ class StandardTrainStep:
             task.last_batch.loss_weight = None
             with perf_timer("loss_compute", stats):
                 local_loss = self.compute_loss(task, model_output, sample)
-            with perf_timer("loss_all_reduce", stats):
-                self.reduce_loss_for_logging(task, local_loss)
+            if reduce and (task.last_batch.loss_weight is None or task.last_batch.loss_extras):
+                with perf_timer("loss_all_reduce", stats):
+                    self.reduce_loss_for_logging(task, local_loss)
+            else:
+                task.last_batch.loss = local_loss.detach()
             with perf_timer("meters_update", stats):
                 self.update_meters(task, model_output, sample)
             task.run_hooks("on_loss_and_meter")
