@@ -12,6 +12,14 @@ from tests.integration._runs import run_config
 from vissl.hooks import VisslHook, default_hook_generator
 
 CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
+PRECISION_BF16 = [
+    "config.MODEL.AMP_PARAMS.USE_AMP=True",
+    "config.MODEL.AMP_PARAMS.AMP_DTYPE=bfloat16",
+]
+PRECISION_FP16 = [
+    "config.MODEL.AMP_PARAMS.USE_AMP=True",
+    "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16",
+]
 
 
 class SyncCounter(VisslHook):
@@ -62,7 +70,9 @@ class SyncCounter(VisslHook):
         ("test/integration_test/quick_swav", []),
         ("test/integration_test/quick_barlow_twins", []),
         ("test/integration_test/quick_simclr_multicrop", []),
-        ("test/integration_test/quick_moco", ["config.MODEL.AMP_PARAMS.USE_AMP=True"]),
+        ("test/integration_test/quick_moco", PRECISION_BF16),
+        ("test/integration_test/quick_dino_vit", PRECISION_BF16),
+        ("test/integration_test/quick_moco", ["config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True"]),
     ],
 )
 def test_no_host_sync_between_log_steps(tmp_path, config, extra) -> None:
@@ -79,3 +89,19 @@ def test_no_host_sync_between_log_steps(tmp_path, config, extra) -> None:
     assert quiet, "no step between log steps"
     bad = [(it, n, s) for it, n, s in quiet if n]
     assert not bad, f"host syncs between log steps: {bad[:3]}"
+
+
+def test_fp16_costs_the_grad_scalers_one_sync_per_step(tmp_path) -> None:
+    """torch's GradScaler reads its found-inf flag to decide whether to step a non-fused
+    optimizer: one host sync per step under fp16 (bf16 needs no scaler: none)."""
+    counter = SyncCounter()
+    run_config(
+        "test/integration_test/quick_moco",
+        *CUDA,
+        *PRECISION_FP16,
+        "config.LOG_FREQUENCY=1000",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+        hook_generator=lambda cfg: [*default_hook_generator(cfg), counter],
+    )
+    quiet = [n for _, log, n, _ in counter.per_step if not log]
+    assert quiet and all(n == 1 for n in quiet), counter.per_step

@@ -73,7 +73,10 @@ def test_crash_and_resume_on_cuda_is_bitwise(tmp_path, config, crash_at) -> None
     crashed = tmp_path / "crashed"
     with pytest.raises(Exception, match="simulated crash"):
         run_config(
-            config, *common, f"config.CHECKPOINT.DIR={crashed}", hook_generator=crash_generator(crash_at)
+            config,
+            *common,
+            f"config.CHECKPOINT.DIR={crashed}",
+            hook_generator=crash_generator(crash_at),
         )
     run_config(config, *common, f"config.CHECKPOINT.DIR={crashed}")
     assert_same(final_weights(tmp_path / "full"), final_weights(crashed))
