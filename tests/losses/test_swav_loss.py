@@ -412,9 +412,13 @@ def _queue_checkpoint_worker(rank: int, world: int) -> tuple:
     loss([emb * 10, torch.randn(4, 6)])
     saved = loss.queue.embeddings.clone()
     state = checkpoint_state(_fake_task(loss, head))
+    # rank 0 writes the checkpoint (it alone holds every rank's state); every rank
+    # restores from that file
+    written = [state]
+    torch.distributed.broadcast_object_list(written, src=0)
     fresh = make_loss(num_prototypes=[6], queue_length=8, local_queue_length=4)
     fresh.bind_model(head)
-    restore_checkpoint_state(_fake_task(fresh, head), state)
+    restore_checkpoint_state(_fake_task(fresh, head), written[0])
     return saved.tolist(), fresh.queue.embeddings.tolist(), fresh.queue.filled
 
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from vissl.trainer.task import SelfSupervisionTask
+from typing import Any
 
 from vissl.errors import ConfigError
+
+#: What hooks receive: a :class:`~vissl.trainer.task.SelfSupervisionTask`. Typed loosely
+#: here because the trainer imports this module (hooks sit below the trainer); a hook
+#: module annotates its own methods with the task class.
+SelfSupervisionTask = Any
 
 logger = logging.getLogger(__name__)
 

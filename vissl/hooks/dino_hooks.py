@@ -20,14 +20,33 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vissl.hooks.base import Priority, VisslHook
-from vissl.losses.dino_loss import cosine_momentum, single_tensor, teacher_temperature
-from vissl.models.momentum import ema_update_
+from vissl.models.momentum import cosine_momentum, ema_update_
 from vissl.utils.distributed import is_primary
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
+
+
+def teacher_temperature(iteration: int, temp_min: float, temp_max: float, warmup: int) -> float:
+    """DINO's teacher temperature: linear from ``temp_min`` to ``temp_max`` over ``warmup``."""
+    if warmup <= 0 or iteration >= warmup:
+        return temp_max
+    return temp_min + (temp_max - temp_min) * iteration / warmup
+
+
+def single_tensor(output: Any, what: str) -> torch.Tensor:
+    """The one tensor of a model output (a tensor, or lists of one element around it)."""
+    while not isinstance(output, torch.Tensor):
+        items = list(output)
+        if len(items) != 1:
+            raise ValueError(
+                f"dino_loss expects one output tensor from {what} (one head chain ending in "
+                f"a dino_head), got {len(items)} outputs."
+            )
+        output = items[0]
+    return output
 
 
 class DINOHook(VisslHook):

@@ -51,6 +51,7 @@ from vissl.models.momentum import (
     ema_update_tensors_,
     momentum_copy,
 )
+from vissl.utils.checkpoint import join_model_state, split_model_state
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
@@ -328,8 +329,6 @@ class EmaHook(VisslHook):
     def checkpoint_entries(self, task: SelfSupervisionTask) -> dict[str, Any]:
         """``{"ema_model": ...}`` for ``classy_state_dict``: VISSL's key, in the layout of
         ``base_model`` (``WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model`` loads it)."""
-        from vissl.trainer.checkpointing import split_model_state
-
         state = self.ema_state_dict()
         if state is None:
             return {}
@@ -339,8 +338,6 @@ class EmaHook(VisslHook):
         self, task: SelfSupervisionTask, classy_state: Mapping[str, Any]
     ) -> None:
         """Restore the EMA saved by :meth:`checkpoint_entries` (or warn it is missing)."""
-        from vissl.trainer.checkpointing import join_model_state
-
         if "ema_model" in classy_state:
             self.load_ema_state_dict(task, join_model_state(classy_state["ema_model"]["model"]))
         else:

@@ -38,8 +38,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from vissl.errors import ConfigError
+from vissl.hooks.dino_hooks import DINOHook, single_tensor
+from vissl.hooks.dino_hooks import teacher_temperature as teacher_temperature  # re-export
 from vissl.losses import register_loss
 from vissl.losses.config_inference import find_head_params, transform_num_crops
+from vissl.models.momentum import cosine_momentum as cosine_momentum  # re-export
 from vissl.models.momentum import momentum_copy
 from vissl.utils.distributed import get_world_size
 
@@ -72,34 +75,6 @@ def _int(value: Any, key: str, minimum: int) -> int:
             f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
         )
     return value
-
-
-def teacher_temperature(iteration: int, temp_min: float, temp_max: float, warmup: int) -> float:
-    """DINO's teacher temperature: linear from ``temp_min`` to ``temp_max`` over ``warmup``."""
-    if warmup <= 0 or iteration >= warmup:
-        return temp_max
-    return temp_min + (temp_max - temp_min) * iteration / warmup
-
-
-def cosine_momentum(iteration: int, max_iteration: int, base: float) -> float:
-    """DINO's teacher momentum: ``1 - (1 - base) * (cos(pi * t / T) + 1) / 2``."""
-    if max_iteration <= 0:
-        return base
-    progress = min(max(iteration / max_iteration, 0.0), 1.0)
-    return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
-
-
-def single_tensor(output: Any, what: str) -> torch.Tensor:
-    """The one tensor of a model output (a tensor, or lists of one element around it)."""
-    while not isinstance(output, torch.Tensor):
-        items = list(output)
-        if len(items) != 1:
-            raise ValueError(
-                f"dino_loss expects one output tensor from {what} (one head chain ending in "
-                f"a dino_head), got {len(items)} outputs."
-            )
-        output = items[0]
-    return output
 
 
 def set_teacher_mode(teacher: nn.Module) -> None:
@@ -242,8 +217,6 @@ class DINOLoss(nn.Module):
         return self
 
     def required_hooks(self) -> list[Any]:
-        from vissl.hooks.dino_hooks import DINOHook
-
         return [DINOHook(self)]
 
     @property

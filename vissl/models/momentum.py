@@ -15,6 +15,7 @@ in train mode update them, as in MoCo. A copy that never runs in train mode (the
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "EmaTensors",
     "HostSnapshot",
     "copy_tensors_",
+    "cosine_momentum",
     "ema_tensors",
     "ema_update_",
     "ema_update_tensors_",
@@ -128,6 +130,15 @@ def reset_momentum_copy_(target: nn.Module, source: nn.Module) -> None:
     tensors = ema_tensors(target, source)
     copy_tensors_(tensors.target_params, [s.detach() for s in tensors.source_params])
     copy_tensors_(tensors.target_buffers, tensors.source_buffers)
+
+
+def cosine_momentum(iteration: int, max_iteration: int, base: float) -> float:
+    """The cosine momentum schedule of DINO and BYOL: from ``base`` at iteration 0 to 1 at
+    ``max_iteration``, ``1 - (1 - base) * (cos(pi * t / T) + 1) / 2``."""
+    if max_iteration <= 0:
+        return base
+    progress = min(max(iteration / max_iteration, 0.0), 1.0)
+    return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
 
 
 @torch.no_grad()

@@ -25,21 +25,24 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from vissl.hooks.base import hook_name
 from vissl.utils.checkpoint import (
     POINTER_NAME,
     CheckpointLoadError,
     detach_to_cpu,
     get_rng_state,
     has_final_checkpoint,
+    join_model_state,
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
     set_rng_state,
+    split_model_state,
 )
 from vissl.utils.distributed import (
     barrier,
@@ -50,16 +53,16 @@ from vissl.utils.distributed import (
 )
 from vissl.utils.hydra_config import config_to_yaml
 
-if TYPE_CHECKING:
-    from vissl.trainer.task import SelfSupervisionTask
+#: The task these functions save and restore: a
+#: :class:`~vissl.trainer.task.SelfSupervisionTask`. Typed loosely because the task
+#: module imports this one (its ``save_checkpoint``/``state_dict``/``load_state_dict``).
+SelfSupervisionTask = Any
 
 logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- contents
 def _hook_key(hook: Any) -> str:
-    from vissl.hooks.base import hook_name
-
     return hook_name(hook)
 
 
@@ -78,22 +81,6 @@ def _rank_state(task: SelfSupervisionTask) -> dict[str, Any]:
     if callable(rank_state_dict):
         state["loss"] = detach_to_cpu(rank_state_dict())
     return state
-
-
-def split_model_state(model_state: dict[str, Any]) -> dict[str, Any]:
-    """A model's flat state dict in VISSL's layout: ``{"trunk", "heads", "other"}``."""
-    trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
-    heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
-    other = {k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))}
-    return {"trunk": trunk, "heads": heads, "other": other}
-
-
-def join_model_state(model: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`split_model_state`."""
-    full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
-    full.update({f"heads.{k}": v for k, v in model["heads"].items()})
-    full.update(model.get("other", {}))
-    return full
 
 
 def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> dict[str, Any]:

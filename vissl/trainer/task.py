@@ -21,6 +21,11 @@ from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
 from vissl.models.momentum import momentum_copies
+from vissl.trainer.checkpointing import (
+    checkpoint_state,
+    restore_checkpoint_state,
+    save_task_checkpoint,
+)
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer_from_config
 from vissl.trainer.precision import Precision, build_precision
 from vissl.utils.distributed import broadcast_coalesced, get_rank, get_world_size
@@ -411,18 +416,12 @@ class SelfSupervisionTask:
         self, filename: str, phase_complete: bool = True, keep_last: int = -1
     ) -> str | None:
         """See :func:`vissl.trainer.checkpointing.save_task_checkpoint` (collective)."""
-        from vissl.trainer.checkpointing import save_task_checkpoint
-
         return save_task_checkpoint(self, filename, phase_complete, keep_last)
 
     def state_dict(self, phase_complete: bool = True) -> dict[str, Any]:
         """See :func:`vissl.trainer.checkpointing.checkpoint_state` (collective)."""
-        from vissl.trainer.checkpointing import checkpoint_state
-
         return checkpoint_state(self, phase_complete)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """See :func:`vissl.trainer.checkpointing.restore_checkpoint_state`."""
-        from vissl.trainer.checkpointing import restore_checkpoint_state
-
         restore_checkpoint_state(self, state)

@@ -173,6 +173,22 @@ def has_final_checkpoint(folder: str) -> bool:
     return any(_PATTERNS["final"].match(name) for name in g_pathmgr.ls(folder))
 
 
+def split_model_state(model_state: dict[str, Any]) -> dict[str, Any]:
+    """A model's flat state dict in VISSL's layout: ``{"trunk", "heads", "other"}``."""
+    trunk = {k[len("trunk.") :]: v for k, v in model_state.items() if k.startswith("trunk.")}
+    heads = {k[len("heads.") :]: v for k, v in model_state.items() if k.startswith("heads.")}
+    other = {k: v for k, v in model_state.items() if not k.startswith(("trunk.", "heads."))}
+    return {"trunk": trunk, "heads": heads, "other": other}
+
+
+def join_model_state(model: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`split_model_state`."""
+    full = {f"trunk.{k}": v for k, v in model["trunk"].items()}
+    full.update({f"heads.{k}": v for k, v in model["heads"].items()})
+    full.update(model.get("other", {}))
+    return full
+
+
 def detach_to_cpu(obj: Any) -> Any:
     """Tensors (nested in dicts, lists, tuples) detached and copied to CPU, for saving."""
     if isinstance(obj, torch.Tensor):
