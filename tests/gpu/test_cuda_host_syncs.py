@@ -91,12 +91,17 @@ def test_no_host_sync_between_log_steps(tmp_path, config, extra) -> None:
     assert not bad, f"host syncs between log steps: {bad[:3]}"
 
 
-def test_fp16_costs_the_grad_scalers_one_sync_per_step(tmp_path) -> None:
-    """torch's GradScaler reads its found-inf flag to decide whether to step a non-fused
-    optimizer: one host sync per step under fp16 (bf16 needs no scaler: none)."""
+@pytest.mark.parametrize(
+    "config",
+    ["test/integration_test/quick_moco", "test/integration_test/quick_dino"],  # sgd, adamw
+)
+def test_fp16_with_fused_optimizers_has_no_host_sync(tmp_path, config) -> None:
+    """torch's GradScaler reads its found-inf flag back to decide whether to step a
+    non-fused optimizer; sgd/adam/adamw are fused on CUDA, so a skipped step is decided
+    on the device."""
     counter = SyncCounter()
     run_config(
-        "test/integration_test/quick_moco",
+        config,
         *CUDA,
         *PRECISION_FP16,
         "config.LOG_FREQUENCY=1000",
@@ -104,4 +109,4 @@ def test_fp16_costs_the_grad_scalers_one_sync_per_step(tmp_path) -> None:
         hook_generator=lambda cfg: [*default_hook_generator(cfg), counter],
     )
     quiet = [n for _, log, n, _ in counter.per_step if not log]
-    assert quiet and all(n == 1 for n in quiet), counter.per_step
+    assert quiet and not any(quiet), counter.per_step

@@ -88,3 +88,27 @@ def test_load_falls_back_when_the_chosen_checkpoint_fails_to_load(tmp_path, monk
         )
     assert path.endswith("model_phase0.torch") and state["iteration"] == 4
     assert "model_iteration6.torch cannot be loaded" in caplog.text
+
+
+def test_the_optimizer_implementation_is_not_taken_from_the_checkpoint(tmp_path):
+    """sgd/adam/adamw are fused on CUDA: a checkpoint written there says fused=True, which
+    must not carry over to a resume on the CPU (or the other way round)."""
+    import torch
+
+    from tests._tiny_run import tiny_config, train_in_process
+    from vissl.utils.checkpoint import load_checkpoint, save_checkpoint
+
+    from vissl.hooks import default_hook_generator
+
+    cfg = tiny_config(tmp_path, "config.TEST_MODEL=False", "config.CHECKPOINT.AUTO_RESUME=True")
+    train_in_process(cfg, default_hook_generator(cfg))
+    path = tmp_path / "model_phase0.torch"
+    state = load_checkpoint(str(path))
+    for group in state["classy_state_dict"]["optimizer"]["param_groups"]:
+        group["fused"] = True  # as written on a GPU
+    state["classy_state_dict"]["phase_complete"] = True
+    save_checkpoint(str(tmp_path / "gpu"), "model_phase0.torch", state)
+    task = train_in_process(cfg, checkpoint_path=str(tmp_path / "gpu" / "model_phase0.torch"))
+    assert task.iteration == 8
+    assert all(not g.get("fused") for g in task.optimizer.param_groups)
+    assert torch.isfinite(torch.tensor(task.phase_average_loss()))

@@ -60,6 +60,9 @@ SelfSupervisionTask = Any
 
 logger = logging.getLogger(__name__)
 
+#: Optimizer options that say how it runs, not what it computes.
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
 
 # ---------------------------------------------------------------------- contents
 def _hook_key(hook: Any) -> str:
@@ -146,7 +149,14 @@ def restore_checkpoint_state(task: SelfSupervisionTask, state: dict[str, Any]) -
         if callable(restore):
             restore(task, classy)
     if task.optimizer is not None and classy.get("optimizer"):
+        # The implementation (fused / foreach) is this run's choice, from where its
+        # parameters live, not the choice of the run that wrote the checkpoint.
+        impl = [
+            {k: g[k] for k in _IMPLEMENTATION_KEYS if k in g} for g in task.optimizer.param_groups
+        ]
         task.optimizer.load_state_dict(classy["optimizer"])
+        for group, keep in zip(task.optimizer.param_groups, impl, strict=False):
+            group.update(keep)
     task.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
     task.precision.load_state_dict(classy.get("amp", {}))
     hook_states = classy.get("hooks", {})
