@@ -96,9 +96,8 @@ def test_the_optimizer_implementation_is_not_taken_from_the_checkpoint(tmp_path)
     import torch
 
     from tests._tiny_run import tiny_config, train_in_process
-    from vissl.utils.checkpoint import load_checkpoint, save_checkpoint
-
     from vissl.hooks import default_hook_generator
+    from vissl.utils.checkpoint import load_checkpoint, save_checkpoint
 
     cfg = tiny_config(tmp_path, "config.TEST_MODEL=False", "config.CHECKPOINT.AUTO_RESUME=True")
     train_in_process(cfg, default_hook_generator(cfg))
