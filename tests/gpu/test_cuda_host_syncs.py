@@ -8,8 +8,7 @@ import warnings
 import pytest
 import torch
 
-from tests.integration._runs import run_config
-from vissl.hooks import VisslHook, default_hook_generator
+from vissl.hooks import VisslHook
 
 CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
 PRECISION_BF16 = [
@@ -76,18 +75,7 @@ class SyncCounter(VisslHook):
     ],
 )
 def test_no_host_sync_between_log_steps(tmp_path, config, extra) -> None:
-    counter = SyncCounter()
-    run_config(
-        config,
-        *CUDA,
-        *extra,
-        "config.LOG_FREQUENCY=1000",
-        f"config.CHECKPOINT.DIR={tmp_path}",
-        hook_generator=lambda cfg: [*default_hook_generator(cfg), counter],
-    )
-    quiet = [(it, n, s) for it, log, n, s in counter.per_step if not log]
-    assert quiet, "no step between log steps"
-    bad = [(it, n, s) for it, n, s in quiet if n]
+    bad = syncs_between_log_steps(config, tmp_path, *extra)
     assert not bad, f"host syncs between log steps: {bad[:3]}"
 
 
@@ -99,14 +87,5 @@ def test_fp16_with_fused_optimizers_has_no_host_sync(tmp_path, config) -> None:
     """torch's GradScaler reads its found-inf flag back to decide whether to step a
     non-fused optimizer; sgd/adam/adamw are fused on CUDA, so a skipped step is decided
     on the device."""
-    counter = SyncCounter()
-    run_config(
-        config,
-        *CUDA,
-        *PRECISION_FP16,
-        "config.LOG_FREQUENCY=1000",
-        f"config.CHECKPOINT.DIR={tmp_path}",
-        hook_generator=lambda cfg: [*default_hook_generator(cfg), counter],
-    )
-    quiet = [n for _, log, n, _ in counter.per_step if not log]
-    assert quiet and not any(quiet), counter.per_step
+    bad = syncs_between_log_steps(config, tmp_path, *PRECISION_FP16)
+    assert not bad, f"host syncs between log steps: {bad[:3]}"

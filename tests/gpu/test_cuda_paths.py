@@ -12,12 +12,12 @@ import textwrap
 import pytest
 import torch
 
+from tests.gpu._cuda import CUDA, crash_and_resume_bitwise
 from tests.gpu.test_cuda_host_syncs import SyncCounter
 from tests.integration._runs import REPO, run_config
 from vissl.hooks import default_hook_generator
 from vissl.utils.checkpoint import get_rng_state, load_checkpoint, set_rng_state
 
-CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
 MOCO = "test/integration_test/quick_moco"
 
 
@@ -147,25 +147,14 @@ def test_two_gpus_moco_with_sync_bn_sub_groups(tmp_path) -> None:
 
 @pytest.mark.multi_gpu
 def test_two_gpus_crash_and_resume_bitwise(tmp_path) -> None:
-    from tests.integration.test_exact_resume import assert_same, crash_generator, final_weights
-
-    common = [
-        *CUDA,
+    crash_and_resume_bitwise(
+        MOCO,
+        tmp_path,
+        5,
         "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
         "config.MULTI_PROCESSING_METHOD=forkserver",
         "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=2",
-        "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC=True",
-        "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
-        "config.CHECKPOINT.AUTO_RESUME=True",
-    ]
-    run_config(MOCO, *common, f"config.CHECKPOINT.DIR={tmp_path / 'full'}")
-    crashed = tmp_path / "crashed"
-    with pytest.raises(Exception, match="simulated crash"):
-        run_config(
-            MOCO, *common, f"config.CHECKPOINT.DIR={crashed}", hook_generator=crash_generator(5)
-        )
-    run_config(MOCO, *common, f"config.CHECKPOINT.DIR={crashed}")
-    assert_same(final_weights(tmp_path / "full"), final_weights(crashed))
+    )
 
 
 def test_env_for_the_suite_is_sane() -> None:

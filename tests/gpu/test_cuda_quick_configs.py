@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from tests.gpu._cuda import CUDA, PRECISION_BF16, PRECISION_FP16, crash_and_resume_bitwise
 from tests.integration._runs import read_jsonl, run_config
-from tests.integration.test_exact_resume import assert_same, crash_generator, final_weights
 
 QUICK = [
     "test/integration_test/quick_moco",
@@ -22,12 +22,7 @@ QUICK = [
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]
-PRECISIONS = {
-    "fp32": [],
-    "bf16": ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.AMP_DTYPE=bfloat16"],
-    "fp16": ["config.MODEL.AMP_PARAMS.USE_AMP=True", "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16"],
-}
-CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
+PRECISIONS = {"fp32": [], "bf16": PRECISION_BF16, "fp16": PRECISION_FP16}
 
 
 def _losses(folder) -> list[float]:
@@ -63,20 +58,4 @@ def test_compile_and_channels_last_on_cuda(tmp_path, config) -> None:
     [("test/integration_test/quick_moco", 5), ("test/integration_test/quick_dino", 3)],
 )
 def test_crash_and_resume_on_cuda_is_bitwise(tmp_path, config, crash_at) -> None:
-    common = [
-        *CUDA,
-        "config.REPRODUCIBILITY.CUDDN_DETERMINISTIC=True",
-        "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
-        "config.CHECKPOINT.AUTO_RESUME=True",
-    ]
-    run_config(config, *common, f"config.CHECKPOINT.DIR={tmp_path / 'full'}")
-    crashed = tmp_path / "crashed"
-    with pytest.raises(Exception, match="simulated crash"):
-        run_config(
-            config,
-            *common,
-            f"config.CHECKPOINT.DIR={crashed}",
-            hook_generator=crash_generator(crash_at),
-        )
-    run_config(config, *common, f"config.CHECKPOINT.DIR={crashed}")
-    assert_same(final_weights(tmp_path / "full"), final_weights(crashed))
+    crash_and_resume_bitwise(config, tmp_path, crash_at)
