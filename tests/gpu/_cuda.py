@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
+import torch
 
 from tests.integration._runs import run_config
 from tests.integration.test_exact_resume import assert_same, crash_generator, final_weights
-from vissl.hooks import default_hook_generator
+from vissl.hooks import VisslHook, default_hook_generator
 
 CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
 PRECISION_BF16 = [
@@ -19,6 +21,46 @@ PRECISION_FP16 = [
     "config.MODEL.AMP_PARAMS.USE_AMP=True",
     "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16",
 ]
+
+
+class SyncCounter(VisslHook):
+    """Counts the synchronizing CUDA calls made between two ``on_step`` events."""
+
+    priority = 10_000  # last
+
+    def __init__(self) -> None:
+        self.per_step: list[tuple[int, bool, int, list[str]]] = []
+        self._catcher = None
+        self._log = None
+
+    def _start(self) -> None:
+        self._catcher = warnings.catch_warnings(record=True)
+        self._log = self._catcher.__enter__()
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def _stop(self) -> list[str]:
+        torch.cuda.set_sync_debug_mode(0)
+        log = self._log or []
+        self._catcher.__exit__(None, None, None)
+        self._catcher = None
+        return [str(w.message)[:200] for w in log if "synchroniz" in str(w.message)]
+
+    def on_phase_start(self, task) -> None:
+        self._start()
+
+    def on_step(self, task) -> None:
+        syncs = self._stop()
+        self.per_step.append((task.iteration, task.is_log_iteration, len(syncs), syncs))
+        self._start()
+
+    def on_phase_end(self, task) -> None:
+        if self._catcher is not None:
+            self._stop()
+
+    def on_exception(self, task) -> None:
+        if self._catcher is not None:
+            self._stop()
 
 
 def crash_and_resume_bitwise(config: str, tmp_path: Any, crash_at: int, *overrides: str) -> None:
@@ -47,8 +89,6 @@ def crash_and_resume_bitwise(config: str, tmp_path: Any, crash_at: int, *overrid
 def syncs_between_log_steps(config: str, tmp_path: Any, *overrides: str) -> list[tuple]:
     """Train ``config`` on CUDA with a single log step; the steps with host syncs, as
     (iteration, count, messages)."""
-    from tests.gpu.test_cuda_host_syncs import SyncCounter
-
     counter = SyncCounter()
     run_config(
         config,

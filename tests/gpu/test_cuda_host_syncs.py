@@ -3,62 +3,9 @@ between log steps."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
-import torch
 
-from vissl.hooks import VisslHook
-
-CUDA = ["config.MACHINE.DEVICE=gpu", "config.DISTRIBUTED.BACKEND=nccl"]
-PRECISION_BF16 = [
-    "config.MODEL.AMP_PARAMS.USE_AMP=True",
-    "config.MODEL.AMP_PARAMS.AMP_DTYPE=bfloat16",
-]
-PRECISION_FP16 = [
-    "config.MODEL.AMP_PARAMS.USE_AMP=True",
-    "config.MODEL.AMP_PARAMS.AMP_DTYPE=float16",
-]
-
-
-class SyncCounter(VisslHook):
-    """Counts the synchronizing CUDA calls made between two ``on_step`` events."""
-
-    priority = 10_000  # last
-
-    def __init__(self) -> None:
-        self.per_step: list[tuple[int, bool, int, list[str]]] = []
-        self._catcher = None
-        self._log = None
-
-    def _start(self) -> None:
-        self._catcher = warnings.catch_warnings(record=True)
-        self._log = self._catcher.__enter__()
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-
-    def _stop(self) -> list[str]:
-        torch.cuda.set_sync_debug_mode(0)
-        log = self._log or []
-        self._catcher.__exit__(None, None, None)
-        self._catcher = None
-        return [str(w.message)[:200] for w in log if "synchroniz" in str(w.message)]
-
-    def on_phase_start(self, task) -> None:
-        self._start()
-
-    def on_step(self, task) -> None:
-        syncs = self._stop()
-        self.per_step.append((task.iteration, task.is_log_iteration, len(syncs), syncs))
-        self._start()
-
-    def on_phase_end(self, task) -> None:
-        if self._catcher is not None:
-            self._stop()
-
-    def on_exception(self, task) -> None:
-        if self._catcher is not None:
-            self._stop()
+from tests.gpu._cuda import PRECISION_BF16, PRECISION_FP16, syncs_between_log_steps
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from tests.gpu._cuda import CUDA, crash_and_resume_bitwise
-from tests.gpu.test_cuda_host_syncs import SyncCounter
+from tests.gpu._cuda import CUDA, SyncCounter, crash_and_resume_bitwise
 from tests.integration._runs import REPO, run_config
 from vissl.hooks import default_hook_generator
 from vissl.utils.checkpoint import get_rng_state, load_checkpoint, set_rng_state
