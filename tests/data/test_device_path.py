@@ -357,6 +357,7 @@ def test_the_tail_reads_nothing_back_to_the_host(monkeypatch):
     assert reads == []
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_tail_on_cuda_gives_what_it_gives_on_the_cpu():
     tail = simclr_like_tail()

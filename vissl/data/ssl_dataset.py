@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from vissl.config.attr_dict import AttrDict
@@ -21,8 +18,17 @@ from vissl.data.data_helper import (
 )
 from vissl.data.data_sources import get_data_source
 from vissl.data.dataset_catalog import default_catalog_path, get_data_files
+from vissl.data.device_decode import (
+    DecodeTail,
+    ViewPlan,
+    check_decode_sources,
+    pack_views,
+    plan_decode_head,
+)
 from vissl.data.samplers import PADDING_DATA_VALID, SampleKey, sample_seed
 from vissl.data.ssl_transforms import build_transforms
+from vissl.data.ssl_transforms.device_path import SUPPORTED_COLLATORS, plan_device_path
+from vissl.data.ssl_transforms.seeding import seeded_rng  # re-exported: its old home
 from vissl.errors import ConfigError
 from vissl.utils.distributed import get_world_size
 
@@ -61,33 +67,6 @@ def _numeric_labels(labels: np.ndarray) -> np.ndarray:
     return labels
 
 
-@contextlib.contextmanager
-def seeded_rng(seed: int) -> Iterator[None]:
-    """Seed python, numpy and torch (CPU) RNGs for a block, then restore their states.
-
-    In a data loader worker the global RNGs serve nothing else, so they are only seeded.
-    Only torch's CPU generator is seeded (``torch.manual_seed`` would also queue the
-    seeding of every accelerator's generators, about 1 ms per call, and transforms draw
-    on the CPU).
-    """
-    if torch.utils.data.get_worker_info() is not None:
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.default_generator.manual_seed(seed)
-        yield
-        return
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.default_generator.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
-
-
 class GenericSSLDataset(Dataset[dict[str, Any]]):
     """VISSL's dataset: one sample per index, one entry per data source.
 
@@ -118,6 +97,11 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
     When that run starts with the first transform, a source with a
     ``get_image_tensor(idx) -> (uint8 (C, H, W) tensor, is_valid)`` method (the disk
     sources, ``synthetic``) is asked for a tensor instead of a PIL image.
+
+    On the device: :meth:`move_transforms_to_device` (``TRANSFORMS_ON_DEVICE``) cuts the
+    chain after its last crop or flip; with ``DECODE_ON_DEVICE`` the disk sources' files
+    are not decoded here either: the samples' views are plans packed into ``uint8`` rows
+    per batch by :meth:`__getitems__` (see :mod:`vissl.data.device_decode`).
 
     Args:
         cfg: the full config (``cfg.DATA.<split>``).
@@ -155,6 +139,10 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         self.data_limit_sampling = split_cfg_value(sc, "DATA_LIMIT_SAMPLING", {}) or {}
         #: Whether DATA_PATHS (and LABEL_PATHS) were read from the dataset catalog.
         self.paths_from_catalog = False
+        #: DECODE_ON_DEVICE asked for (it takes effect in move_transforms_to_device)
+        self.decode_on_device = bool(split_cfg_value(sc, "DECODE_ON_DEVICE", False))
+        #: whether the samples are planned views packed into rows (DECODE_ON_DEVICE)
+        self._decoding = False
         self._verify()
         self._warn_unsupported()
         self.transform = build_transforms(
@@ -251,6 +239,15 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
                 f"LABEL_SOURCES has {len(self.label_sources)}; give one per label source.",
                 self._path("LABEL_PATHS"),
             )
+        on_device = bool(split_cfg_value(self.split_cfg, "TRANSFORMS_ON_DEVICE", False))
+        if self.decode_on_device and not on_device:
+            key = self._path("DECODE_ON_DEVICE")
+            raise ConfigError(
+                f"{key}=True decodes the JPEGs on the device and then runs the colour "
+                f"transforms there, which is {self._path('TRANSFORMS_ON_DEVICE')}=True: set "
+                f"that as well, or set {key}=False.",
+                key,
+            )
         if self.data_limit == 0 or self.data_limit < -1:
             raise ConfigError(
                 f"{self._path('DATA_LIMIT')}={self.data_limit}: use -1 for all samples or "
@@ -301,11 +298,15 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         :class:`~vissl.data.ssl_transforms.device_path.DeviceTail` does the rest on a
         batch (the train step calls it on the device).
 
-        Raises:
-            ConfigError: the chain cannot be split (see ``plan_device_path``).
-        """
-        from vissl.data.ssl_transforms.device_path import SUPPORTED_COLLATORS, plan_device_path
+        With ``DECODE_ON_DEVICE`` the workers only read the files and plan the crops and
+        flips, and the returned :class:`~vissl.data.device_decode.DecodeTail` decodes,
+        crops and flips on the device before the colour transforms.
 
+        Raises:
+            ConfigError: the chain cannot be split (see ``plan_device_path``), or cannot be
+                planned without pixels, or the data are not JPEG files on disk
+                (``DECODE_ON_DEVICE``).
+        """
         key = self._path("TRANSFORMS_ON_DEVICE")
         collator = split_cfg_value(self.split_cfg, "COLLATE_FUNCTION", "default_collate")
         input_keys = list(split_cfg_value(self.split_cfg, "INPUT_KEY_NAMES", ["data"]))
@@ -328,6 +329,33 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         full = self.transform
         head, tail = plan_device_path(full, self.seed, key, count_views=self._count_views)
         self.transform = head
+        if self.decode_on_device:
+            return self._move_decoding_to_device(tail)
+        logger.info("%s: on the device: %s", key, tail)
+        return tail
+
+    def _move_decoding_to_device(self, colour: Any) -> DecodeTail:
+        """``DECODE_ON_DEVICE``: the workers only read the files and plan the crops and
+        flips (:mod:`vissl.data.device_decode`); the tail decodes, crops, then colours."""
+        key = self._path("DECODE_ON_DEVICE")
+        check_decode_sources(self.data_objs, self.data_sources, key)
+        head = plan_decode_head(self.transform, key)
+        saved, self.transform = self.transform, head
+        self._decoding = True
+        try:  # one sample through the planned chain: its views are those the tail expects
+            with seeded_rng(0):
+                views = self._get_sample(0)["data"]
+        except BaseException:
+            self.transform, self._decoding = saved, False
+            raise
+        if len(views) != colour.num_views or not all(isinstance(v, ViewPlan) for v in views):
+            self.transform, self._decoding = saved, False
+            raise ConfigError(
+                f"{key}: the planned chain makes {len(views)} views per sample where the "
+                f"chain makes {colour.num_views}; set {key}=False for this chain.",
+                key,
+            )
+        tail = DecodeTail(colour, key)
         logger.info("%s: on the device: %s", key, tail)
         return tail
 
@@ -444,6 +472,23 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         return [NO_LABEL if own is None else _to_label(own[subset_idx]) for own in self._own_labels]
 
     def __getitem__(self, key: int | SampleKey) -> dict[str, Any]:
+        """The transformed sample dict of index ``key`` (see :meth:`_fetch`); with
+        ``DECODE_ON_DEVICE`` its views packed alone (see :meth:`__getitems__`)."""
+        sample = self._fetch(key)
+        return pack_views([sample])[0] if self._decoding else sample
+
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> list[dict[str, Any]]:
+        """The samples of a batch (the ``DataLoader`` fetches a batch with this).
+
+        With ``DECODE_ON_DEVICE`` the batch's planned views are packed together into
+        ``uint8`` rows, the batch's files spread over them
+        (:func:`~vissl.data.device_decode.pack_views`): collate the result of one call.
+        """
+        if not self._decoding:  # what the DataLoader does without this method
+            return [self[key] for key in keys]
+        return pack_views([self._fetch(key) for key in keys])
+
+    def _fetch(self, key: int | SampleKey) -> dict[str, Any]:
         """The transformed sample dict of index ``key`` (see the class docstring).
 
         ``key`` is an index, or a :class:`~vissl.data.samplers.SampleKey` ``(index, epoch)``
@@ -468,6 +513,8 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         tensors = getattr(self.transform, "takes_image_tensors", False)
         for source in self.data_objs:
             reader = getattr(source, "get_image_tensor", None) if tensors else None
+            if self._decoding:  # DECODE_ON_DEVICE: the file, undecoded
+                reader = source.get_encoded_image
             data, valid = reader(subset_idx) if reader is not None else source[subset_idx]
             item["data"].append(data)
             item["data_valid"].append(PADDING_DATA_VALID if padding else 1 if valid else -1)

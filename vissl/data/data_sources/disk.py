@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import warnings
@@ -27,7 +28,39 @@ from vissl.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 #: The first bytes of every JPEG file (SOI marker and the next marker's 0xFF).
-_JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_MAGIC = b"\xff\xd8\xff"
+#: File name endings of JPEG files (compared in lower case).
+JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
+#: The PIL modes of the JPEGs handed over undecoded (``DECODE_ON_DEVICE``); others
+#: (CMYK, YCCK) are decoded in the worker.
+_DEVICE_JPEG_MODES = ("RGB", "L")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared by identity (data is an array)
+class EncodedImage:
+    """An image as a loader worker hands it to the device decoder (``DECODE_ON_DEVICE``).
+
+    Attributes:
+        data: 1-D uint8 array: the JPEG file's bytes (``is_jpeg``), or else the decoded
+            ``(3, height, width)`` pixels in C order.
+        height: the image's height (read from the JPEG header, not decoded).
+        width: the image's width.
+        is_jpeg: whether ``data`` is a JPEG file for the device to decode.
+    """
+
+    data: np.ndarray
+    height: int
+    width: int
+    is_jpeg: bool
+
+    @classmethod
+    def from_pixels(cls, pixels: torch.Tensor) -> EncodedImage:
+        """An image decoded already: ``(C, H, W)`` uint8 (one channel is made three)."""
+        if pixels.shape[0] == 1:
+            pixels = pixels.expand(3, -1, -1)
+        data = pixels.contiguous().numpy().reshape(-1)
+        return cls(data, int(pixels.shape[1]), int(pixels.shape[2]), False)
+
 
 try:  # deprecated in torchvision 0.29 in favour of TorchCodec; PIL decodes once it is gone
     from torchvision.io import ImageReadMode
@@ -65,6 +98,11 @@ class DiskImageDataset(DataSource):
     by torchvision's libjpeg-turbo decoder straight into the tensor (the same pixels as
     PIL's libjpeg-turbo, about 20% faster, and no copy out of a PIL image); other formats
     go through PIL.
+
+    ``get_encoded_image(idx)`` (``DATA.TRAIN.DECODE_ON_DEVICE``) reads the file without
+    decoding it: a JPEG of RGB or grey pixels comes back as its bytes and its size from
+    the header; anything else (a file that is no JPEG whatever its name, a CMYK JPEG, an
+    unreadable file) is decoded here exactly as ``get_image_tensor`` decodes it.
     """
 
     def _image_path(self, idx: int) -> str:
@@ -77,11 +115,47 @@ class DiskImageDataset(DataSource):
         """Image ``idx`` as a ``(3, H, W)`` uint8 tensor, and whether it could be read."""
         return self._read_tensor(self._image_path(idx))
 
+    def get_encoded_image(self, idx: int) -> tuple[EncodedImage, bool]:
+        """Image ``idx`` undecoded where it is a JPEG (see the class doc), and whether it
+        could be read."""
+        return self._read_encoded(self._image_path(idx))
+
+    def _read_encoded(self, image_path: str) -> tuple[EncodedImage, bool]:
+        try:
+            with g_pathmgr.open(image_path, "rb") as f:
+                data = f.read()
+        except Exception as err:  # missing or unreadable: the gray image, as below
+            logger.warning("Couldn't load image %s (%s); using a gray image.", image_path, err)
+            return EncodedImage.from_pixels(pil_to_uint8(get_mean_image(self.gray_img_size))), False
+        if data[:3] == JPEG_MAGIC:
+            try:
+                with Image.open(io.BytesIO(data)) as img:  # parses the header only
+                    width, height = img.size
+                    mode = img.mode
+            except Exception:  # a header PIL rejects: decoded (or reported) below
+                mode = ""
+            if mode in _DEVICE_JPEG_MODES:
+                return EncodedImage(np.frombuffer(data, dtype=np.uint8), height, width, True), True
+        else:
+            logger.warning(
+                "%s is not a JPEG file (DECODE_ON_DEVICE): decoded in the loader worker.",
+                image_path,
+            )
+        pixels, valid = self._decode_bytes(data, image_path)
+        return EncodedImage.from_pixels(pixels), valid
+
     def _read_tensor(self, image_path: str) -> tuple[torch.Tensor, bool]:
         try:
             with g_pathmgr.open(image_path, "rb") as f:
                 data = f.read()
-            decoded = _decode_jpeg(data) if data[:3] == _JPEG_MAGIC else None
+        except Exception as err:  # any unreadable file: corrupt, missing, wrong format
+            logger.warning("Couldn't load image %s (%s); using a gray image.", image_path, err)
+            return pil_to_uint8(get_mean_image(self.gray_img_size)), False
+        return self._decode_bytes(data, image_path)
+
+    def _decode_bytes(self, data: bytes, image_path: str) -> tuple[torch.Tensor, bool]:
+        try:
+            decoded = _decode_jpeg(data) if data[:3] == JPEG_MAGIC else None
             if decoded is None:  # not a JPEG, or one for PIL to try (and to judge)
                 with Image.open(io.BytesIO(data)) as img:
                     decoded = pil_to_uint8(img.convert("RGB"))

@@ -12,57 +12,12 @@ and operations as on PIL images (:mod:`vissl.data.ssl_transforms.tensor_path`).
 
 from __future__ import annotations
 
-from typing import Any
-
-from vissl.utils.imports import import_submodules
-from vissl.utils.registry import Registry
-
-
-class _TransformRegistry(Registry[Any]):
-    """A registry whose unknown-name error also points at torchvision."""
-
-    def unknown_message(self, name: object) -> str:
-        return (
-            super().unknown_message(name)
-            + " Any class of torchvision.transforms (e.g. 'RandomResizedCrop') is "
-            "accepted by name as well."
-        )
-
-
-TRANSFORM_REGISTRY: Registry[Any] = _TransformRegistry(
-    "transform", config_key="config.DATA.<split>.TRANSFORMS[].name"
+from vissl.data.ssl_transforms.registry import (
+    TRANSFORM_REGISTRY,
+    get_transform,
+    register_transform,
 )
-
-
-def _torchvision_transform(name: str) -> Any:
-    """``torchvision.transforms.<name>`` (or its title-cased form), if it is a class."""
-    import torchvision.transforms as tv_transforms
-
-    if not name or name.startswith("_"):
-        return None
-    for candidate in (name, name.title().replace("_", "")):
-        obj = getattr(tv_transforms, candidate, None)
-        if isinstance(obj, type) and obj.__module__.startswith("torchvision."):
-            return obj
-    return None
-
-
-TRANSFORM_REGISTRY.add_fallback(_torchvision_transform)
-
-
-def register_transform(name: str) -> Any:
-    """Decorator registering a transform class under ``name``."""
-    return TRANSFORM_REGISTRY.register(name)
-
-
-def get_transform(name: str) -> Any:
-    """The transform class registered as ``name``, or the torchvision one.
-
-    Raises:
-        UnknownNameError: if neither vissl nor torchvision has it.
-    """
-    return TRANSFORM_REGISTRY.get(name)
-
+from vissl.utils.imports import import_submodules
 
 import_submodules(__name__)
 

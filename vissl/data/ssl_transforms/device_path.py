@@ -32,8 +32,24 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from vissl.data.ssl_transforms import tensor_ops
+from vissl.data.ssl_transforms.img_pil_gaussian_blur import ImgPilGaussianBlur
+from vissl.data.ssl_transforms.img_pil_multicrop_random_apply import ImgPilMultiCropRandomApply
+from vissl.data.ssl_transforms.img_pil_random_solarize import ImgPilRandomSolarize
+from vissl.data.ssl_transforms.sample_wrapper import SSLTransformsCompose, SSLTransformsWrapper
+from vissl.data.ssl_transforms.seeding import seeded_rng
+from vissl.data.ssl_transforms.tensor_path import (
+    TensorColorJitter,
+    TensorCompose,
+    TensorRandomApply,
+    TensorRandomGrayscale,
+    TensorToTensor,
+    ToImageTensor,
+    tensor_twin,
+)
+from vissl.errors import ConfigError
 
 _M32 = 0xFFFFFFFF
 _LUMA = tensor_ops.LUMA_WEIGHTS
@@ -371,18 +387,6 @@ class SolarizeOp(DeviceOp):
 
 def device_op(twin: Any) -> DeviceOp | None:
     """The batched form of a tensor-path twin, or None when it has none."""
-    from vissl.data.ssl_transforms.img_pil_gaussian_blur import ImgPilGaussianBlur
-    from vissl.data.ssl_transforms.img_pil_multicrop_random_apply import (
-        ImgPilMultiCropRandomApply,
-    )
-    from vissl.data.ssl_transforms.img_pil_random_solarize import ImgPilRandomSolarize
-    from vissl.data.ssl_transforms.tensor_path import (
-        TensorColorJitter,
-        TensorCompose,
-        TensorRandomApply,
-        TensorRandomGrayscale,
-    )
-
     kind = type(twin)
     if kind is ImgPilMultiCropRandomApply:
         ops = [device_op(t) for t in twin.transforms]
@@ -495,8 +499,6 @@ class ToUint8Tensor:
 
     def __call__(self, image: Any) -> torch.Tensor:
         if not isinstance(image, torch.Tensor):
-            from vissl.data.ssl_transforms.tensor_path import ToImageTensor
-
             image = ToImageTensor()(image)
         if image.dtype != torch.uint8:
             image = (image * 255.0).round_().clamp_(0, 255).to(torch.uint8)
@@ -531,13 +533,6 @@ def plan_device_path(
             (and ``Normalize``) on the tensor path, or when a moved transform names crops
             the chain does not make.
     """
-    from vissl.data.ssl_transforms.ssl_transforms_wrapper import (
-        SSLTransformsCompose,
-        SSLTransformsWrapper,
-    )
-    from vissl.data.ssl_transforms.tensor_path import TensorToTensor, ToImageTensor, tensor_twin
-    from vissl.errors import ConfigError
-
     wrappers = list(compose.transforms)
     if not wrappers or type(wrappers[-1].transform) is not TensorToTensor or wrappers[-1].indices:
         raise ConfigError(
@@ -579,8 +574,6 @@ def plan_device_path(
 
 def _check_views(ops: Sequence[DeviceOp], num_views: int, key_path: str) -> None:
     """The crops a moved transform names exist (the workers would raise for them too)."""
-    from vissl.errors import ConfigError
-
     for op in ops:
         if isinstance(op, ViewsOp) and max(op.views) >= num_views:
             raise ConfigError(
@@ -599,10 +592,6 @@ def _check_views(ops: Sequence[DeviceOp], num_views: int, key_path: str) -> None
 
 def _count_views(head: Any) -> int:
     """Views per sample the workers' chain makes (one run on a small grey image)."""
-    from PIL import Image
-
-    from vissl.data.ssl_dataset import seeded_rng
-
     item = {"data": [Image.new("RGB", (48, 40), (120, 90, 60))], "data_valid": [1], "data_idx": [0]}
     item["label"] = [0]
     with seeded_rng(0):

@@ -40,12 +40,11 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from vissl.data.ssl_transforms import tensor_ops
+from vissl.data.ssl_transforms.sample_wrapper import TENSOR_PATH_START, SSLTransformsWrapper
 
 logger = logging.getLogger(__name__)
 
 TensorTransform = Callable[[Any], Any]
-#: The name of the wrapper that starts the tensor path.
-TENSOR_PATH_START = "ToImageTensor"
 _TWIN_FACTORIES: dict[type, Callable[[Any], TensorTransform | None]] = {}
 
 
@@ -383,8 +382,6 @@ def plan_tensor_path(wrappers: Sequence[Any]) -> list[Any]:
         directly follows it. The list unchanged when the chain has no ``ToTensor``
         applied to every entry.
     """
-    from vissl.data.ssl_transforms.ssl_transforms_wrapper import SSLTransformsWrapper
-
     end = next((i for i, w in enumerate(wrappers) if type(w.transform) is T.ToTensor), None)
     if end is None or wrappers[end].indices:
         return list(wrappers)
