@@ -399,6 +399,19 @@ def test_a_run_with_the_key_on_gives_the_losses_of_the_worker_decode(
         return original(self, inputs, device)
 
     monkeypatch.setattr(dd.DecodeTail, "decode", decode)
+    # the packed bytes are decoded from the host: read_sample moves the decoded views,
+    # never the packed rows, to the device (a round trip costs a copy and a host sync)
+    from vissl.trainer.train_steps import standard_train_step as sts
+
+    moved: list[int] = []
+    real_move = sts.move_to_device
+
+    def move(sample, device):
+        if isinstance(sample, dict) and isinstance(sample.get("input"), torch.Tensor):
+            moved.append(sample["input"].dim())
+        return real_move(sample, device)
+
+    monkeypatch.setattr(sts, "move_to_device", move)
     transforms = "[{name: ImgReplicatePil, num_times: 2}, {name: RandomResizedCrop, size: 32}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}]"
 
     def losses(name: str, *overrides: str) -> list[float]:
@@ -422,6 +435,7 @@ def test_a_run_with_the_key_on_gives_the_losses_of_the_worker_decode(
     assert len(decoded) == 6 and all(math.isfinite(v) for v in decoded)
     assert decoded == workers  # the same crops, so the very same training
     assert seen == [torch.uint8] * 6  # every step decoded its packed rows
+    assert moved and set(moved) == {4}, moved  # decoded (N, 3, h, w) views only
 
 
 # ---------------------------------------------------------------------------------- CUDA

@@ -493,6 +493,10 @@ class DecodeTail:
             CPU Pillow's uint8 kernel (the worker path's pixels), float elsewhere.
     """
 
+    #: ``read_sample`` calls this tail before moving the sample to the device: the
+    #: packed bytes stay on the host, where the decoder reads them.
+    takes_host_input = True
+
     def __init__(
         self,
         colour: DeviceTail,

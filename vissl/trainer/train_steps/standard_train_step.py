@@ -230,8 +230,15 @@ class StandardTrainStep:
         """
         batch = next(task.data_iterator)
         sample = construct_sample_for_model(batch, task)
-        sample = move_to_device(sample, task.device)
         tail = task.device_transforms.get("TRAIN") if task.train else None
+        if tail is not None and getattr(tail, "takes_host_input", False):
+            # DATA.TRAIN.DECODE_ON_DEVICE: the tail reads the encoded bytes on the host
+            # (the decoder takes host buffers) and returns the decoded views on the device
+            # of data_idx: the bytes never make a round trip through the device.
+            data_idx = move_to_device(sample["data_idx"], task.device)
+            sample["input"] = tail(sample["input"], data_idx, task.phase_idx)
+            tail = None
+        sample = move_to_device(sample, task.device)
         if tail is not None:  # DATA.TRAIN.TRANSFORMS_ON_DEVICE: the colour transforms
             sample["input"] = tail(sample["input"], sample["data_idx"], task.phase_idx)
         if task.channels_last:
