@@ -131,6 +131,7 @@ def test_update_does_not_read_back_to_host(cls: type) -> None:
     assert meter.value["top_1"][0] > 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_update_does_not_synchronise_cuda() -> None:
     meters = [

@@ -463,6 +463,7 @@ def test_one_training_step_through_the_model_changes_the_weights() -> None:
     assert unchanged == []
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_autocast_with_checkpointing_on_gpu() -> None:
     torch.manual_seed(0)

@@ -47,6 +47,7 @@ def test_bad_amp_type_names_key():
         build_precision({"USE_AMP": True, "AMP_TYPE": "o2"}, CPU)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fp16_grad_scaler_on_cuda_round_trips_state():
     p = build_precision(

@@ -229,6 +229,7 @@ def test_bad_inputs_are_errors() -> None:
         knn_neighbors(torch.ones(2, 3), torch.ones(0, 3), 5)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m_chunk", [None, 37])
 def test_cuda_equals_cpu(m_chunk: int | None) -> None:
