@@ -12,10 +12,17 @@ CPU (default): N processes x 1 thread each, gloo::
 
     python benchmarks/scaling.py --nprocs 1 2 --repeats 5
 
-GPUs: one process per GPU, nccl::
+GPUs: one process per GPU, nccl, started with spawn::
 
     python benchmarks/scaling.py --device gpu --nprocs 1 2 4 8 --batch-per-rank 64 \
         --image-size 224 --model-width 1
+
+``--start-method`` (``config.MULTI_PROCESSING_METHOD``; default fork on CPU, spawn on
+GPUs) picks how the workers start. Under spawn and forkserver each worker re-imports this
+file, so everything a worker needs (the timer's settings) travels in the pickled hook
+generator (:class:`TimedHooks`), not in module state; CPU CI runs it under spawn::
+
+    python benchmarks/scaling.py --start-method spawn --nprocs 1 2 --repeats 1 --steps 2
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,11 +78,31 @@ class StepTimer(VisslHook):
             )
 
 
-_TIMER: dict[str, Any] = {}
+@dataclass(frozen=True)
+class TimedHooks:
+    """The hook generator handed to ``launch_distributed``: the config's default hooks and
+    a :class:`StepTimer` with these settings.
+
+    A module-level class holding its settings, so that it pickles whole to spawned and
+    forkserver workers (which re-import this file and would see a module global at its
+    default).
+    """
+
+    warmup: int
+    global_batch: int
+    out: str
+
+    def __call__(self, cfg: Any) -> list[Any]:
+        return [*default_hook_generator(cfg), StepTimer(self.warmup, self.global_batch, self.out)]
 
 
-def hook_generator(cfg: Any) -> list[Any]:
-    return [*default_hook_generator(cfg), StepTimer(**_TIMER)]
+def start_method(args: argparse.Namespace) -> str:
+    """``config.MULTI_PROCESSING_METHOD``: ``--start-method``, else fork on CPU (workers
+    start at once and use one intra-op thread each, see the launcher) and spawn on GPUs
+    (a forked process cannot use CUDA)."""
+    if args.start_method:
+        return str(args.start_method)
+    return "spawn" if args.device == "gpu" else "fork"
 
 
 def run_once(args: argparse.Namespace, nproc: int, folder: str) -> float:
@@ -101,15 +129,14 @@ def run_once(args: argparse.Namespace, nproc: int, folder: str) -> float:
         f"config.DISTRIBUTED.BACKEND={'nccl' if gpu else 'gloo'}",
         f"config.DISTRIBUTED.MANUAL_GRADIENT_REDUCTION={args.reduction == 'manual'}",
         f"config.MACHINE.DEVICE={args.device}",
-        # fork: workers start at once and use one intra-op thread each (see the launcher)
-        f"config.MULTI_PROCESSING_METHOD={'spawn' if gpu else 'fork'}",
+        f"config.MULTI_PROCESSING_METHOD={start_method(args)}",
         "config.CHECKPOINT.AUTO_RESUME=False",
         f"config.CHECKPOINT.DIR={folder}",
     ]
     _, cfg = hydra_compose_and_validate(overrides)
     out = os.path.join(folder, "throughput.json")
-    _TIMER.update(warmup=args.warmup, global_batch=global_batch, out=out)
-    launch_distributed(cfg, hook_generator=hook_generator, always_spawn=True)
+    hooks = TimedHooks(warmup=args.warmup, global_batch=global_batch, out=out)
+    launch_distributed(cfg, hook_generator=hooks, always_spawn=True)
     with open(out, encoding="utf-8") as f:
         return float(json.load(f)["images_per_s"])
 
@@ -149,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--reduction", choices=["ddp", "manual"], default="ddp")
     parser.add_argument(
+        "--start-method",
+        choices=["fork", "forkserver", "spawn"],
+        default=None,
+        help="config.MULTI_PROCESSING_METHOD of the workers (default: fork on cpu, spawn on gpu)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    parser.add_argument(
         "--no-independent",
         dest="independent",
         action="store_false",
@@ -164,18 +198,25 @@ def main(argv: list[str] | None = None) -> int:
     alone: dict[int, list[float]] = {n: [] for n in args.nprocs}
     with_alone = args.independent and args.device == "cpu"
     load_before = os.getloadavg()[0]
+    began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vissl_scaling_") as tmp:
         for repeat in range(args.repeats):
             for n in args.nprocs:
                 folder = os.path.join(tmp, f"n{n}_r{repeat}")
                 value = run_once(args, n, folder)
                 results[n].append(value)
-                print(f"  run {repeat + 1}/{args.repeats}, {n} process(es): {value:.1f} images/s")
+                print(
+                    f"  run {repeat + 1}/{args.repeats}, {n} process(es): {value:.1f} images/s "
+                    f"[{time.perf_counter() - began:.0f} s]",
+                    flush=True,
+                )
                 if with_alone and n > 1:
                     rate = _independent(args, n, folder + "_independent")
                     alone[n].append(rate)
                     print(
-                        f"  run {repeat + 1}/{args.repeats}, {n} independent: {rate:.1f} images/s"
+                        f"  run {repeat + 1}/{args.repeats}, {n} independent: {rate:.1f} images/s "
+                        f"[{time.perf_counter() - began:.0f} s]",
+                        flush=True,
                     )
 
     load_after = os.getloadavg()[0]
@@ -187,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"vissl scaling: {args.device}, ResNet-{args.depth} x{args.model_width}, "
         f"{args.image_size}px, {args.batch_per_rank} images per rank per step, "
-        f"{args.reduction} gradient reduction, {args.steps} timed steps, "
+        f"{args.reduction} gradient reduction, {start_method(args)} workers, "
+        f"{args.steps} timed steps, "
         f"{args.repeats} interleaved runs; {cores} cores, load average "
         f"{load_before:.1f} before, {load_after:.1f} after"
     )
@@ -213,6 +255,21 @@ def main(argv: list[str] | None = None) -> int:
             "the machine's own scaling (shared cores, memory bandwidth, other load), which "
             "data parallelism cannot beat."
         )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "device": args.device,
+                    "start_method": start_method(args),
+                    "images_per_s": {str(n): results[n] for n in args.nprocs},
+                    "median_images_per_s": {
+                        str(n): statistics.median(results[n]) for n in args.nprocs
+                    },
+                    "independent_images_per_s": {str(n): alone[n] for n in args.nprocs if alone[n]},
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 
