@@ -102,3 +102,31 @@ def test_momentum_copies_are_found_and_reset_to_the_model() -> None:
     for (name, a), b in zip(model.state_dict().items(), owner.encoder.state_dict().values()):
         assert torch.equal(a, b), name
     assert not any(p.requires_grad for p in owner.encoder.parameters())
+
+
+def test_ema_update_pairs_parameters_once_and_stays_right_after_a_move(monkeypatch) -> None:
+    """A per-step update does no name lookups (DINO's, MoCo's and SwAV's hooks call it
+    every step); the pairs stay valid when a module is moved or converted."""
+    model = _model()
+    target = momentum_copy(model)
+    calls = []
+    real = nn.Module.named_parameters
+
+    def counted(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "named_parameters", counted)
+    for _ in range(3):
+        ema_update_(target, model, 0.5)
+    assert len(calls) == 2  # the first call pairs target and source, once
+    target.to(torch.float64)  # same Parameter objects, new data
+    before = {k: v.clone() for k, v in target.named_parameters()}
+    ema_update_(target, model, 0.25)
+    for (name, p), q in zip(target.named_parameters(), model.parameters(), strict=True):
+        expected = 0.25 * before[name] + 0.75 * q.detach().double()
+        torch.testing.assert_close(p, expected, msg=name)
+    other = _model()
+    ema_update_(target, other, 0.0)  # another source: paired anew
+    for p, q in zip(target.parameters(), other.parameters(), strict=True):
+        torch.testing.assert_close(p, q.detach().double())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,19 +142,18 @@ def cosine_momentum(iteration: int, max_iteration: int, base: float) -> float:
     return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
 
 
-@torch.no_grad()
-def ema_update_(target: nn.Module, source: nn.Module, momentum: float) -> None:
-    """``target.p = momentum * target.p + (1 - momentum) * source.p`` for every parameter.
+#: target -> (the source it was paired with, its parameters, the source's), so that a
+#: per-step update does no name lookups (see :func:`ema_update_`).
+_PAIRS: weakref.WeakKeyDictionary[nn.Module, tuple[Any, list[torch.Tensor], list[torch.Tensor]]]
+_PAIRS = weakref.WeakKeyDictionary()
 
-    Args:
-        target: the momentum copy (from :func:`momentum_copy`).
-        source: the model being trained (wrappers are seen through).
-        momentum: in [0, 1]; 1 keeps ``target``, 0 copies ``source``.
 
-    Raises:
-        ValueError: the two models do not have the same parameters.
-    """
-    source = _plain(source)
+def _paired_parameters(
+    target: nn.Module, source: nn.Module
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    cached = _PAIRS.get(target)
+    if cached is not None and cached[0]() is source:
+        return cached[1], cached[2]
     target_params = dict(target.named_parameters())
     source_params = dict(source.named_parameters())
     if target_params.keys() != source_params.keys():
@@ -163,10 +163,37 @@ def ema_update_(target: nn.Module, source: nn.Module, momentum: float) -> None:
             "the copy must be made from the model it follows."
         )
     names = list(source_params)
-    dst = [target_params[n].data for n in names]
-    src = [source_params[n].detach().to(dtype=target_params[n].dtype) for n in names]
-    if dst:
-        torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
+    pair: tuple[list[torch.Tensor], list[torch.Tensor]] = (
+        [target_params[n] for n in names],
+        [source_params[n] for n in names],
+    )
+    _PAIRS[target] = (weakref.ref(source), *pair)
+    return pair
+
+
+@torch.no_grad()
+def ema_update_(target: nn.Module, source: nn.Module, momentum: float) -> None:
+    """``target.p = momentum * target.p + (1 - momentum) * source.p`` for every parameter.
+
+    One foreach lerp. The parameters are paired by name at the first call and the pairs
+    kept (per target, while it follows the same source): a per-step call does no name
+    lookups. Parameters are held as objects, so moving a module (``.to``) or loading a
+    state dict keeps the pairs valid; replacing a parameter object does not.
+
+    Args:
+        target: the momentum copy (from :func:`momentum_copy`).
+        source: the model being trained (wrappers are seen through).
+        momentum: in [0, 1]; 1 keeps ``target``, 0 copies ``source``.
+
+    Raises:
+        ValueError: the two models do not have the same parameters.
+    """
+    dst, src = _paired_parameters(target, _plain(source))
+    if not dst:
+        return
+    if any(d.dtype != s.dtype or d.device != s.device for d, s in zip(dst, src, strict=True)):
+        src = [s.to(device=d.device, dtype=d.dtype) for d, s in zip(dst, src, strict=True)]
+    torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
 
 
 @dataclass(frozen=True)
