@@ -187,11 +187,12 @@ class ManualReduction(DDPReduction):
         return self._context(model)
 
     def _named_trainable(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The trainable parameters, by name (named once; trainable as of this step)."""
         if self._named is None:
             inner = unwrap_compiled(model)
             inner = inner.module if isinstance(inner, DistributedDataParallel) else inner
-            self._named = [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
-        return self._named
+            self._named = list(inner.named_parameters())
+        return [(n, p) for n, p in self._named if p.requires_grad]
 
     def _params_to_reduce(self, model: nn.Module) -> list[nn.Parameter]:
         named = self._named_trainable(model)
