@@ -46,7 +46,6 @@ from vissl.meters.update import update_meters
 from vissl.models.momentum import (
     EmaTensors,
     HostSnapshot,
-    copy_tensors_,
     ema_tensors,
     ema_update_tensors_,
     momentum_copy,
@@ -273,11 +272,7 @@ class EmaHook(VisslHook):
         if not self._snapshot_pending:
             return
         assert self._snapshot is not None and self._tensors is not None
-        values = self._snapshot.wait()
-        params = len(self._tensors.target_params)
-        if params:
-            torch._foreach_lerp_(self._tensors.target_params, values[:params], 1.0 - self.decay)
-        copy_tensors_(self._tensors.target_buffers, values[params:])
+        ema_update_tensors_(self._tensors, self.decay, source_values=self._snapshot.wait())
         self._snapshot_pending = False
 
     def on_end(self, task: SelfSupervisionTask) -> None:

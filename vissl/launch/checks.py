@@ -84,20 +84,19 @@ def check_fork_after_cuda(cfg: Any, will_fork: bool) -> None:
 
 def check_backend(cfg: Any, world_size: int, will_fork: bool = False) -> str:
     backend = str(cfg.DISTRIBUTED.BACKEND)
-    if world_size > 1 and backend == "nccl":
-        gpus = 1 if cfg.MACHINE.DEVICE == "cpu" else gpu_count(will_fork)
-        if cfg.MACHINE.DEVICE == "cpu" or gpus == 0:
-            reason = (
-                "config.MACHINE.DEVICE=cpu"
-                if cfg.MACHINE.DEVICE == "cpu"
-                else "CUDA is not available on this machine"
-            )
-            raise ConfigError(
-                f"{_KEY}.BACKEND=nccl needs CUDA GPUs, but {reason}. Set {_KEY}.BACKEND=gloo "
-                "(and config.MACHINE.DEVICE=cpu) to run several processes on CPU.",
-                f"{_KEY}.BACKEND",
-            )
-    return backend
+    if world_size <= 1 or backend != "nccl":
+        return backend
+    if cfg.MACHINE.DEVICE == "cpu":
+        reason = "config.MACHINE.DEVICE=cpu"
+    elif gpu_count(will_fork) == 0:
+        reason = "CUDA is not available on this machine"
+    else:
+        return backend
+    raise ConfigError(
+        f"{_KEY}.BACKEND=nccl needs CUDA GPUs, but {reason}. Set {_KEY}.BACKEND=gloo "
+        "(and config.MACHINE.DEVICE=cpu) to run several processes on CPU.",
+        f"{_KEY}.BACKEND",
+    )
 
 
 def check_devices(cfg: Any, nproc: int, will_fork: bool = False) -> None:

@@ -244,7 +244,12 @@ def ema_tensors(target: nn.Module, source: nn.Module) -> EmaTensors:
 
 
 @torch.no_grad()
-def ema_update_tensors_(tensors: EmaTensors, momentum: float, copy_buffers: bool = True) -> None:
+def ema_update_tensors_(
+    tensors: EmaTensors,
+    momentum: float,
+    copy_buffers: bool = True,
+    source_values: list[torch.Tensor] | None = None,
+) -> None:
     """``target = momentum * target + (1 - momentum) * source`` for the paired parameters.
 
     Buffers (BatchNorm running statistics, counters) are copied from the source when
@@ -256,16 +261,21 @@ def ema_update_tensors_(tensors: EmaTensors, momentum: float, copy_buffers: bool
         tensors: from :func:`ema_tensors`.
         momentum: in [0, 1]; 1 keeps the target, 0 copies the source.
         copy_buffers: also copy the buffers.
+        source_values: the source's parameters then buffers as taken earlier (e.g. a
+            :class:`HostSnapshot`), used instead of the source's current tensors.
     """
+    sources = [*tensors.source_params, *tensors.source_buffers]
+    if source_values is not None:
+        sources = source_values
     dst = tensors.target_params
     src = [
         s if s.device == d.device and s.dtype == d.dtype else s.to(device=d.device, dtype=d.dtype)
-        for d, s in zip(dst, tensors.source_params, strict=True)
+        for d, s in zip(dst, sources[: len(dst)], strict=True)
     ]
     if dst:
         torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
     if copy_buffers:
-        copy_tensors_(tensors.target_buffers, tensors.source_buffers)
+        copy_tensors_(tensors.target_buffers, sources[len(dst) :])
 
 
 class HostSnapshot:
