@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "DROPPED_PREFIXES_ATTR",
     "MOMENTUM_COPY_ATTR",
     "EmaTensors",
     "HostSnapshot",
@@ -74,18 +75,54 @@ def _shared_handles(model: nn.Module) -> dict[int, Any]:
     return memo
 
 
-def momentum_copy(model: nn.Module) -> nn.Module:
+#: Set on a copy made with ``drop_last_heads``: the name prefixes (``heads.<i>``) of the
+#: model's modules the copy leaves out, which the EMA pairing skips.
+DROPPED_PREFIXES_ATTR = "_vissl_dropped_prefixes"
+
+
+def momentum_copy(model: nn.Module, drop_last_heads: int = 0) -> nn.Module:
     """A frozen deep copy of ``model`` (no gradients), on the same device, in train mode.
 
     Process groups the model's layers hold (SyncBatchNorm over sub-groups) are shared
     with the copy. The copy is marked (see :func:`momentum_copies`).
+
+    Args:
+        model: the model (wrappers are seen through).
+        drop_last_heads: leave the last ``k`` modules of ``model.heads`` out of the copy:
+            BYOL's and MoCo v3's target network is the model without its predictor (the
+            last head of a ``[projector, predictor]`` chain). The EMA updates
+            (:func:`ema_update_`, :func:`ema_tensors`) pair the remaining parameters.
+
+    Raises:
+        ValueError: ``drop_last_heads`` is negative or not below the number of heads.
     """
     plain = _plain(model)
     target = copy.deepcopy(plain, memo=_shared_handles(plain))
+    if drop_last_heads:
+        heads = getattr(target, "heads", None)
+        if not isinstance(heads, nn.ModuleList) or not 0 < drop_last_heads < len(heads):
+            count = len(heads) if isinstance(heads, nn.ModuleList) else 0
+            raise ValueError(
+                f"cannot drop the last {drop_last_heads} heads of a model with {count} heads "
+                "(the copy needs at least one: the projector)."
+            )
+        kept = len(heads) - drop_last_heads
+        dropped = tuple(f"heads.{i}" for i in range(kept, len(heads)))
+        for _ in range(drop_last_heads):
+            del heads[-1]
+        setattr(target, DROPPED_PREFIXES_ATTR, dropped)
     for param in target.parameters():
         param.requires_grad_(False)
     setattr(target, MOMENTUM_COPY_ATTR, True)
     return target
+
+
+def _without_dropped(target: nn.Module, source: dict[str, Any]) -> dict[str, Any]:
+    """``source``'s named tensors less those of the modules ``target`` left out."""
+    dropped = getattr(target, DROPPED_PREFIXES_ATTR, ())
+    if not dropped:
+        return source
+    return {n: t for n, t in source.items() if not any(n.startswith(p + ".") for p in dropped)}
 
 
 def is_momentum_copy(module: Any) -> bool:
@@ -155,7 +192,7 @@ def _paired_parameters(
     if cached is not None and cached[0]() is source:
         return cached[1], cached[2]
     target_params = dict(target.named_parameters())
-    source_params = dict(source.named_parameters())
+    source_params = _without_dropped(target, dict(source.named_parameters()))
     if target_params.keys() != source_params.keys():
         missing = sorted(source_params.keys() ^ target_params.keys())[:5]
         raise ValueError(
@@ -236,10 +273,14 @@ def ema_tensors(target: nn.Module, source: nn.Module) -> EmaTensors:
     source = _plain(source)
     tp, sp = _matched(
         {n: p.data for n, p in target.named_parameters()},
-        {n: p for n, p in source.named_parameters()},
+        _without_dropped(target, dict(source.named_parameters())),
         "parameters",
     )
-    tb, sb = _matched(dict(target.named_buffers()), dict(source.named_buffers()), "buffers")
+    tb, sb = _matched(
+        dict(target.named_buffers()),
+        _without_dropped(target, dict(source.named_buffers())),
+        "buffers",
+    )
     return EmaTensors(tp, sp, tb, sb)
 
 

@@ -1,0 +1,226 @@
+"""What the predictor methods share: BYOL, SimSiam, MoCo v3 and NNCLR.
+
+**The model.** ``MODEL.HEAD.PARAMS`` is a flat chain ``[projector, predictor]`` (VISSL
+main's BYOL layout): the trunk feature goes through the projector (one or more head
+modules), then through the predictor (the last head module). The model's output is the
+predictor's, ``p``. Each module is an ``mlp`` whose ``dims`` say its widths::
+
+    HEAD:
+      PARAMS: [
+        ["mlp", {"dims": [512, 1024, 128], "use_relu": True, "use_bn": True}],  # projector
+        ["mlp", {"dims": [128, 1024, 128], "use_relu": True, "use_bn": True}],  # predictor
+      ]
+
+**The batch.** Two views of each sample, view-major (``simclr_collator`` after
+``ImgReplicatePil`` with ``num_times: 2``, or ``multicrop_collator`` with 2 crops): the
+output's rows ``0..B-1`` are view 1 and ``B..2B-1`` view 2.
+
+**Projections.** SimSiam and NNCLR also need the projector's output ``z`` of the same
+forward pass: :class:`ProjectionCapture` keeps the predictor's input (a forward pre-hook
+on the last head module), so no second forward is run.
+
+**Target networks.** BYOL and MoCo v3 compare with a *target* (momentum) network: a frozen
+copy of the model without its predictor (:func:`~vissl.models.momentum.momentum_copy`
+with ``drop_last_heads=1``), run on the same views without gradients by
+:class:`MomentumTargetHook` after the model's forward, and moved towards the model after
+each optimizer step with the cosine momentum schedule of BYOL
+(``m = 1 - (1 - base) * (cos(pi * k / K) + 1) / 2``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from vissl.errors import ConfigError
+from vissl.hooks.base import Priority, VisslHook
+from vissl.losses.config_inference import transform_num_crops
+from vissl.models.momentum import _plain, cosine_momentum, ema_update_
+
+if TYPE_CHECKING:
+    from vissl.trainer.task import SelfSupervisionTask
+
+_HEAD_KEY = "config.MODEL.HEAD.PARAMS"
+
+
+def _module_specs(params: Any) -> list[tuple[str, Mapping[str, Any]]] | None:
+    """The flat chain's ``(name, kwargs)``; None when PARAMS is not a flat chain."""
+    if not isinstance(params, Sequence) or isinstance(params, str) or not params:
+        return None
+    specs = []
+    for item in params:
+        if (
+            not isinstance(item, Sequence)
+            or isinstance(item, str)
+            or not item
+            or not isinstance(item[0], str)
+        ):
+            return None
+        kwargs = item[1] if len(item) > 1 and isinstance(item[1], Mapping) else {}
+        specs.append((item[0], kwargs))
+    return specs
+
+
+def projector_predictor_dims(config: Mapping[str, Any], method: str) -> tuple[int, int]:
+    """The projector's and the predictor's output widths from ``MODEL.HEAD.PARAMS``.
+
+    Raises:
+        ConfigError: PARAMS is not a flat chain of at least 2 modules (projector then
+            predictor), or the predictor's input width is not the projector's output width.
+    """
+    params = (config.get("MODEL") or {}).get("HEAD", {}).get("PARAMS") or []
+    specs = _module_specs(params)
+    example = (
+        '[["mlp", {"dims": [512, 1024, 128], "use_relu": True, "use_bn": True}], '
+        '["mlp", {"dims": [128, 1024, 128], "use_relu": True, "use_bn": True}]]'
+    )
+    if specs is None or len(specs) < 2:
+        raise ConfigError(
+            f"{method} needs a projector and a predictor: {_HEAD_KEY} must be a flat chain "
+            f"of at least 2 head modules, the last one the predictor, e.g. {example}; got "
+            f"{params!r}.",
+            _HEAD_KEY,
+        )
+    dims = [list(kwargs.get("dims") or []) for _, kwargs in specs]
+    projector, predictor = dims[-2], dims[-1]
+    if not projector or not predictor:
+        raise ConfigError(
+            f"{method}: the last two modules of {_HEAD_KEY} (projector, predictor) must give "
+            f"their widths in 'dims', e.g. {example}.",
+            _HEAD_KEY,
+        )
+    if int(predictor[0]) != int(projector[-1]):
+        raise ConfigError(
+            f"{method}: the predictor's input width {predictor[0]} is not the projector's "
+            f"output width {projector[-1]} in {_HEAD_KEY}.",
+            _HEAD_KEY,
+        )
+    return int(projector[-1]), int(predictor[-1])
+
+
+def check_two_views(config: Mapping[str, Any], key: str, method: str) -> None:
+    """The transforms must make 2 views per sample.
+
+    Raises:
+        ConfigError: they make another number of views.
+    """
+    views = transform_num_crops(config["DATA"]["TRAIN"].get("TRANSFORMS", []))
+    if views is not None and views != 2:
+        raise ConfigError(
+            f"{key}: {method} compares exactly 2 views of each sample, the transforms of "
+            f"config.DATA.TRAIN.TRANSFORMS make {views}; use ImgReplicatePil with "
+            "num_times: 2 (or ImgPilToMultiCrop with 2 crops).",
+            "config.DATA.TRAIN.TRANSFORMS",
+        )
+
+
+def single_output(output: Any, method: str) -> torch.Tensor:
+    """The one tensor of a model output (a tensor, or a list of one tensor)."""
+    while not isinstance(output, torch.Tensor):
+        items = list(output)
+        if len(items) != 1:
+            raise ValueError(
+                f"{method} expects one output tensor (the predictor's), got {len(items)}."
+            )
+        output = items[0]
+    return output
+
+
+def two_views(x: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``0..B-1`` and ``B..2B-1`` of a view-major ``(2B, D)`` tensor."""
+    if x.ndim != 2 or x.shape[0] % 2 != 0:
+        raise ValueError(f"{method} expects (2 * B, D) rows of 2 views, got {tuple(x.shape)}.")
+    a, b = x.chunk(2, dim=0)
+    return a, b
+
+
+class ProjectionCapture:
+    """Keeps the projector's output ``z`` of each forward: the predictor's input.
+
+    A forward pre-hook on the last module of ``model.heads`` (the predictor). The tensor
+    is kept with its graph; :meth:`take` hands it over once.
+
+    Args:
+        model: the model (wrappers are seen through); its heads must be a chain of at
+            least 2 modules.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        heads = getattr(_plain(model), "heads", None)
+        if not isinstance(heads, nn.ModuleList) or len(heads) < 2:
+            raise ValueError("the model has no [projector, predictor] heads to capture.")
+        self.value: torch.Tensor | None = None
+        self.handle: RemovableHandle = heads[-1].register_forward_pre_hook(self._keep)
+
+    def _keep(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        self.value = args[0]
+
+    def take(self, method: str) -> torch.Tensor:
+        """The projections of the last forward (once).
+
+        Raises:
+            RuntimeError: no forward ran since the last call.
+        """
+        value = self.value
+        if value is None:
+            raise RuntimeError(
+                f"{method}: no projector output was captured for this batch (the model's "
+                "predictor did not run)."
+            )
+        self.value = None
+        return value
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+class MomentumTargetHook(VisslHook):
+    """The target network's output and its EMA update, for BYOL and MoCo v3.
+
+    The loss must have ``target_network`` (a momentum copy), ``momentum`` (the base of
+    the cosine schedule) and a ``target_output`` attribute this hook sets.
+
+    - ``on_forward``: the target network's output on ``sample["input"]`` (both views, no
+      gradients, under the run's autocast) into ``loss.target_output``.
+    - ``on_update``: after each optimizer step,
+      ``target = m * target + (1 - m) * model`` with ``m = cosine_momentum(k, K, base)``.
+    """
+
+    priority = Priority.HIGH
+
+    def __init__(self, loss: Any) -> None:
+        self.loss = loss
+        #: The momentum used at the last update (for logging and tests).
+        self.last_momentum = float(loss.momentum)
+
+    def on_forward(self, task: SelfSupervisionTask) -> None:
+        target = self.loss.target_network
+        if target is None:
+            raise RuntimeError(
+                "bind_model was not called: no target network (the trainer calls it when it "
+                "builds the task)."
+            )
+        x = task.last_batch.sample["input"]
+        with torch.no_grad(), task.precision.autocast():
+            out = target(x)
+        self.loss.target_output = single_output(out, "the target network").detach()
+
+    def on_update(self, task: SelfSupervisionTask) -> None:
+        loss = self.loss
+        momentum = cosine_momentum(int(task.iteration), int(task.max_iteration), loss.momentum)
+        ema_update_(loss.target_network, task.base_model, momentum)
+        self.last_momentum = momentum
+
+
+__all__ = [
+    "MomentumTargetHook",
+    "ProjectionCapture",
+    "check_two_views",
+    "projector_predictor_dims",
+    "single_output",
+    "two_views",
+]
