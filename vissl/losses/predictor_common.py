@@ -154,10 +154,17 @@ class ProjectionCapture:
         if not isinstance(heads, nn.ModuleList) or len(heads) < 2:
             raise ValueError("the model has no [projector, predictor] heads to capture.")
         self.value: torch.Tensor | None = None
+        self.module: nn.Module = heads[-1]
         self.handle: RemovableHandle = heads[-1].register_forward_pre_hook(self._keep)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> ProjectionCapture:
+        # A copy of the model (EMA, momentum copies) carries the hook: it must not copy
+        # this object (nor a captured tensor); the identity check below ignores the copy.
+        return self
+
     def _keep(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        self.value = args[0]
+        if module is self.module:
+            self.value = args[0]
 
     def take(self, method: str) -> torch.Tensor:
         """The projections of the last forward (once).
