@@ -130,3 +130,50 @@ def test_ema_update_pairs_parameters_once_and_stays_right_after_a_move(monkeypat
     ema_update_(target, other, 0.0)  # another source: paired anew
     for p, q in zip(target.parameters(), other.parameters(), strict=True):
         torch.testing.assert_close(p, q.detach().double())
+
+
+class _Chain(nn.Module):
+    """trunk + a [projector, predictor] head chain, like the base model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(3, 4)
+        self.heads = nn.ModuleList(
+            [nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5)), nn.Linear(5, 5)]
+        )
+
+
+def test_copy_without_the_predictor_pairs_the_rest() -> None:
+    """BYOL's and MoCo v3's target network: the model less its last head."""
+    from vissl.models.momentum import ema_tensors, reset_momentum_copy_
+
+    model = _Chain()
+    target = momentum_copy(model, drop_last_heads=1)
+    assert len(target.heads) == 1 and len(model.heads) == 2  # the model keeps its own
+    names = {n for n, _ in model.named_parameters() if not n.startswith("heads.1.")}
+    assert {n for n, _ in target.named_parameters()} == names
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    before = {n: p.clone() for n, p in target.named_parameters()}
+    ema_update_(target, model, 0.75)
+    source = dict(model.named_parameters())
+    for n, p in target.named_parameters():
+        torch.testing.assert_close(p, 0.75 * before[n] + 0.25 * source[n].detach())
+    tensors = ema_tensors(target, model)
+    assert len(tensors.target_params) == len(names)
+    assert len(tensors.target_buffers) == 3  # the projector's BatchNorm
+    reset_momentum_copy_(target, model)
+    for n, p in target.named_parameters():
+        assert torch.equal(p, source[n])
+    # a copy of another model with other parameters is still refused
+    other = _Chain()
+    other.heads[0] = nn.Linear(4, 5)
+    with pytest.raises(ValueError, match="differ"):
+        ema_update_(momentum_copy(other, drop_last_heads=1), model, 0.5)
+
+
+@pytest.mark.parametrize("drop", [-1, 2, 3])
+def test_dropping_every_head_or_a_negative_number_is_refused(drop: int) -> None:
+    with pytest.raises(ValueError, match="cannot drop"):
+        momentum_copy(_Chain(), drop_last_heads=drop)
