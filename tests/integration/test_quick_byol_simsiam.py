@@ -73,7 +73,9 @@ def assert_bitwise_equal(full: dict[str, torch.Tensor], resumed: dict[str, torch
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
-@pytest.mark.parametrize("name", ["byol", "simsiam"])
+@pytest.mark.parametrize(
+    "name", ["byol", pytest.param("simsiam", marks=pytest.mark.slow)]  # SimSiam: no own state
+)
 def test_crash_and_resume_is_bitwise_exact(tmp_path: Path, name: str) -> None:
     """A crash right after iteration 7 (the iteration checkpoint at 6 is inside phase 1),
     then auto-resume: model, predictor and (BYOL) target network as if never stopped."""

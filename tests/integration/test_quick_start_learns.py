@@ -100,6 +100,8 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
         "digits/simclr_multicrop",
         "digits/dino",
         "digits/barlow_twins",
+        "digits/byol",
+        "digits/simsiam",
     ],
 )
 def test_method_digits_recipe_beats_random_init_on_the_knn_probe(

@@ -1,4 +1,4 @@
-"""What the predictor methods share: BYOL, SimSiam, MoCo v3 and NNCLR.
+"""What the predictor methods share: BYOL and SimSiam (MoCo v3 and NNCLR are to use it too).
 
 **The model.** ``MODEL.HEAD.PARAMS`` is a flat chain ``[projector, predictor]`` (VISSL
 main's BYOL layout): the trunk feature goes through the projector (one or more head
