@@ -34,8 +34,7 @@ from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
     MomentumTargetHook,
-    check_two_views,
-    projector_predictor_dims,
+    infer_predictor_config,
     single_output,
     two_views,
 )
@@ -92,19 +91,7 @@ class BYOLLoss(nn.Module):
             ConfigError: HEAD.PARAMS is not ``[projector, predictor]``, their output widths
                 differ, or the transforms do not make 2 views.
         """
-        projection, prediction = projector_predictor_dims(config, "byol_loss")
-        if projection != prediction:
-            raise ConfigError(
-                f"byol_loss regresses the predictor's output on the target's projection: "
-                f"their widths must match, but config.MODEL.HEAD.PARAMS makes projections of "
-                f"{projection} and predictions of {prediction}; end the predictor's dims "
-                f"with {projection}.",
-                "config.MODEL.HEAD.PARAMS",
-            )
-        if params.get("embedding_dim") != projection:
-            logger.info("%s.embedding_dim set to %d, the head's output width", _KEY, projection)
-            params["embedding_dim"] = projection
-        check_two_views(config, _KEY, "BYOL")
+        infer_predictor_config(params, config, "byol_loss", "BYOL")
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> BYOLLoss:

@@ -29,7 +29,8 @@ each optimizer step with the cosine momentum schedule of BYOL
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +44,8 @@ from vissl.models.momentum import _plain, cosine_momentum, ema_update_
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
+
+logger = logging.getLogger(__name__)
 
 _HEAD_KEY = "config.MODEL.HEAD.PARAMS"
 
@@ -116,6 +119,31 @@ def check_two_views(config: Mapping[str, Any], key: str, method: str) -> None:
             "num_times: 2 (or ImgPilToMultiCrop with 2 crops).",
             "config.DATA.TRAIN.TRANSFORMS",
         )
+
+
+def infer_predictor_config(
+    params: MutableMapping[str, Any], config: Mapping[str, Any], loss_name: str, method: str
+) -> None:
+    """The ``infer_config`` of a loss comparing predictions with projections of the same
+    width (BYOL, SimSiam): ``embedding_dim`` from the head, 2 views.
+
+    Raises:
+        ConfigError: HEAD.PARAMS is not ``[projector, predictor]``, their output widths
+            differ, or the transforms do not make 2 views.
+    """
+    key = f"config.LOSS.{loss_name}"
+    projection, prediction = projector_predictor_dims(config, loss_name)
+    if projection != prediction:
+        raise ConfigError(
+            f"{loss_name} compares the predictor's output with a projection: their widths "
+            f"must match, but config.MODEL.HEAD.PARAMS makes projections of {projection} and "
+            f"predictions of {prediction}; end the predictor's dims with {projection}.",
+            _HEAD_KEY,
+        )
+    if params.get("embedding_dim") != projection:
+        logger.info("%s.embedding_dim set to %d, the head's output width", key, projection)
+        params["embedding_dim"] = projection
+    check_two_views(config, key, method)
 
 
 def single_output(output: Any, method: str) -> torch.Tensor:
@@ -227,6 +255,7 @@ __all__ = [
     "MomentumTargetHook",
     "ProjectionCapture",
     "check_two_views",
+    "infer_predictor_config",
     "projector_predictor_dims",
     "single_output",
     "two_views",

@@ -38,8 +38,7 @@ from vissl.hooks.base import Priority, VisslHook
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
     ProjectionCapture,
-    check_two_views,
-    projector_predictor_dims,
+    infer_predictor_config,
     single_output,
     two_views,
 )
@@ -94,19 +93,7 @@ class SimSiamLoss(nn.Module):
             ConfigError: HEAD.PARAMS is not ``[projector, predictor]``, their output widths
                 differ, or the transforms do not make 2 views.
         """
-        projection, prediction = projector_predictor_dims(config, "simsiam_loss")
-        if projection != prediction:
-            raise ConfigError(
-                f"simsiam_loss compares the predictor's output with the projection: their "
-                f"widths must match, but config.MODEL.HEAD.PARAMS makes projections of "
-                f"{projection} and predictions of {prediction}; end the predictor's dims "
-                f"with {projection}.",
-                "config.MODEL.HEAD.PARAMS",
-            )
-        if params.get("embedding_dim") != projection:
-            logger.info("%s.embedding_dim set to %d, the head's output width", _KEY, projection)
-            params["embedding_dim"] = projection
-        check_two_views(config, _KEY, "SimSiam")
+        infer_predictor_config(params, config, "simsiam_loss", "SimSiam")
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> SimSiamLoss:
