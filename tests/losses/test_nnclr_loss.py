@@ -417,3 +417,22 @@ def test_wrong_width_and_missing_bind_are_explained() -> None:
         loss(torch.randn(4, 8))
     with pytest.raises(ConfigError, match="embedding_dim is 8"):
         loss(torch.randn(4, 6))
+
+
+# ----------------------------------------------------------------------------- host reads
+def test_a_step_reads_nothing_back_from_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether the support set is used is decided on the device (torch.where on the
+    count): the forward, the enqueue and the backward never turn a tensor into a Python
+    value, before or after the queue is full."""
+    loss, model = _bound(queue_size=6)
+    batches = [torch.randn(8, 5) for _ in range(3)]
+
+    def refuse(self: torch.Tensor, *args: Any) -> Any:
+        raise AssertionError("a host read of a tensor during the step")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    for x in batches:  # 4, 8, 12 written: the third step uses the full queue
+        loss(model(x)).backward()
+    monkeypatch.undo()
+    assert loss.written.item() == 12
