@@ -3,7 +3,15 @@
 Configured by MODEL.TRUNK.VISION_TRANSFORMERS (docs/models/vision_transformer.md): a
 ``name`` preset (tiny | small | base) or HIDDEN_DIM, NUM_LAYERS, NUM_HEADS and MLP_DIM;
 IMAGE_SIZE and PATCH_SIZE; DROPOUT_RATE, ATTENTION_DROPOUT_RATE, DROP_PATH_RATE; QKV_BIAS,
-QK_SCALE; CLASSIFIER (token | gap); CHECKPOINT_MLP / CHECKPOINT_BLOCK.
+QK_SCALE; CLASSIFIER (token | gap); CHECKPOINT_MLP / CHECKPOINT_BLOCK; FREEZE_PATCH_EMBED.
+
+FREEZE_PATCH_EMBED (MoCo v3's "random patch projection", Chen, Xie, He 2021, section 4.2):
+the patch projection ``patch_embed.proj`` keeps its random init and is never trained
+(``requires_grad`` False), a stabiliser of ViT self-supervised training. Frozen
+parameters are in no optimizer group (so no weight decay, no LARS trust ratio), DDP
+reduces no gradient for them (no ``find_unused_parameters`` needed) but still broadcasts
+rank 0's values at the start, and they are saved, loaded (``MODEL.WEIGHTS_INIT``,
+resume) and copied into momentum encoders like any other parameter.
 
 Pre-norm blocks (LayerNorm eps 1e-6), attention through
 ``torch.nn.functional.scaled_dot_product_attention``, GELU MLP, a class token and a learned
@@ -47,6 +55,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
+from vissl.config import register_config_defaults
 from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
@@ -80,7 +89,11 @@ DEFAULTS: dict[str, Any] = {
     "CLASSIFIER": "token",
     "CHECKPOINT_MLP": False,
     "CHECKPOINT_BLOCK": False,
+    "FREEZE_PATCH_EMBED": False,
 }
+
+# FREEZE_PATCH_EMBED is valid (default False) even where defaults.yaml does not list it.
+register_config_defaults("MODEL.TRUNK.VISION_TRANSFORMERS.FREEZE_PATCH_EMBED", False)
 
 CLASSIFIERS = ("token", "gap")
 LAYER_NORM_EPS = 1e-6
@@ -105,6 +118,7 @@ class ViTSettings:
     classifier: str
     checkpoint_mlp: bool
     checkpoint_block: bool
+    freeze_patch_embed: bool = False
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str) -> int:
@@ -217,6 +231,7 @@ def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
         classifier=str(classifier),
         checkpoint_mlp=_flag(cfg, "CHECKPOINT_MLP"),
         checkpoint_block=_flag(cfg, "CHECKPOINT_BLOCK"),
+        freeze_patch_embed=_flag(cfg, "FREEZE_PATCH_EMBED"),
     )
 
 
@@ -448,6 +463,10 @@ class VisionTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(s.hidden_dim, eps=LAYER_NORM_EPS)
         self._init_weights()
+        if s.freeze_patch_embed:
+            # MoCo v3's random patch projection: the random init stays, never trained
+            self.patch_embed.requires_grad_(False)
+            logger.info("FREEZE_PATCH_EMBED: the patch projection keeps its random init")
 
     def _init_weights(self) -> None:
         """Truncated normal (std 0.02) for the embeddings and Linear weights, zero biases,
