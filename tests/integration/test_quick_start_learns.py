@@ -102,6 +102,7 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
         "digits/barlow_twins",
         "digits/byol",
         "digits/simsiam",
+        "digits/moco_v3",
     ],
 )
 def test_method_digits_recipe_beats_random_init_on_the_knn_probe(
