@@ -126,6 +126,7 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     from vissl.hooks.checkpoint_hooks import CheckpointHook, LogMetricsHook
     from vissl.hooks.ema_hook import EmaHook, ema_enabled
     from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
+    from vissl.hooks.online_monitors import build_online_monitor_hooks
     from vissl.hooks.state_update_hooks import (
         CheckNanLossHook,
         FreezeParametersHook,
@@ -148,6 +149,8 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     if ema_enabled(cfg.HOOKS.EMA_MODEL):
         # priority LOW + 5: its on_update follows hooks that edit the weights after the step
         hooks.append(EmaHook.from_config(cfg))
+    # HOOKS.ONLINE_KNN, ONLINE_LINEAR_PROBE, COLLAPSE_MONITOR (priority NORMAL - 5)
+    hooks.extend(build_online_monitor_hooks(cfg))
     hooks.append(
         LogLossLrEtaHook(
             folder,

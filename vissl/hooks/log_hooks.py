@@ -275,6 +275,7 @@ class LogLossLrEtaHook(VisslHook):
     def on_phase_end(self, task: SelfSupervisionTask) -> None:
         self._close_bar()  # a phase cut short (fewer steps than the bar's total)
         if self._is_primary():
+            self._write_phase_record(task)
             elapsed = time.perf_counter() - self._start_time
             logger.info(
                 "phase %d (%s) done in %.1fs: average loss %.5f",
@@ -283,6 +284,31 @@ class LogLossLrEtaHook(VisslHook):
                 elapsed,
                 task.phase_average_loss(),
             )
+
+    def _write_phase_record(self, task: SelfSupervisionTask) -> None:
+        """A phase-end ``stdout.json`` record of the meters that ask for one
+        (``log_to_stdout_json``, e.g. the online monitors), under their flattened
+        ``metrics.json`` names::
+
+            {"iteration": 110, "phase_idx": 9, "train_phase_idx": 9, "ep": 9,
+             "train": true, "phase_end": true, "train_online_knn_top_1": 97.2, ...}
+        """
+        from vissl.hooks.metrics import flatten_metrics, phase_split, plain
+
+        meters = [m for m in task.meters if getattr(m, "log_to_stdout_json", False)]
+        if not meters:
+            return
+        split = phase_split(task)
+        record: dict[str, Any] = {
+            "iteration": task.iteration,
+            "phase_idx": task.phase_idx,
+            "train_phase_idx": task.train_phase_idx,
+            "ep": task.train_phase_idx,
+            "train": task.train,
+            "phase_end": True,
+        }
+        record.update(flatten_metrics({f"{split}_{m.name}": plain(m.value) for m in meters}))
+        self._write_json(record)
 
     def on_end(self, task: SelfSupervisionTask) -> None:
         # a stop mid-phase (Ctrl-C, request_stop) skips on_phase_end
