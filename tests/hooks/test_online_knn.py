@@ -210,7 +210,7 @@ def knn_run(tmp_path_factory):
 
 
 def test_run_logs_the_knn_everywhere(knn_run) -> None:
-    folder, cfg, task, hooks = knn_run
+    folder = knn_run[0]
     metrics = [json.loads(line) for line in open(folder / "metrics.json")]
     assert len(metrics) == 3
     for rec in metrics:
