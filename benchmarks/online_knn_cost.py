@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import json
 import logging
@@ -181,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "monitor_pct": 100.0 * own / without,
             "online_top_1": last["top_1"],
         }
+        gc.collect()  # the runs' loader iterators, before the offline tool forks
         if args.offline and last["checkpoint"]:
             with contextlib.ExitStack() as stack:
                 if args.quiet:

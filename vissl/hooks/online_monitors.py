@@ -607,6 +607,9 @@ class OnlineKnnHook(_MonitorHook):
         self.task: SelfSupervisionTask | None = None
         #: seconds spent in the monitor's passes and kNN (this rank), for cost reports
         self.seconds = 0.0
+        self.start_seconds = 0.0  # of which filling the bank at the start
+        self._queries: torch.Tensor | None = None
+        self._last_step = -1
         self.history: list[dict[str, Any]] = []
 
     @classmethod
@@ -669,7 +672,8 @@ class OnlineKnnHook(_MonitorHook):
                 max(self.bank_set.all_labels.max(), self.query_set.all_labels.max()) + 1
             )
         self._fill(task, 0, len(self.bank_set))
-        self.seconds += time.perf_counter() - t0
+        self.start_seconds = time.perf_counter() - t0
+        self.seconds += self.start_seconds
         logger.info(
             "online kNN: bank of %d samples filled (%d on this rank), %d queries, k=%d, "
             "sigma=%g, refreshed over %d train phases",
@@ -681,12 +685,12 @@ class OnlineKnnHook(_MonitorHook):
             self.refresh_phases,
         )
 
-    def phase_end_sync(self) -> None:
+    def _phase_features(self, task: SelfSupervisionTask) -> None:
+        """The phase's forwards: the bank slice (all of it after the last train phase)
+        and the queries' features, kept for the kNN in :meth:`phase_end_sync`."""
         import time
 
-        task = self.task
-        if task is None or self.bank_set is None or self.query_set is None:
-            return
+        assert self.bank_set is not None and self.query_set is not None
         t0 = time.perf_counter()
         last = task.train_phase_idx + 1 >= task.num_train_phases
         start, stop = (0, len(self.bank_set)) if last else self._slice(task.train_phase_idx)
@@ -696,7 +700,32 @@ class OnlineKnnHook(_MonitorHook):
         with _eval_mode(task.base_model):
             for _, x in self.query_set.batches():
                 feats.append(self._features(task, x))
-        queries = torch.cat(feats)
+        self._queries = torch.cat(feats)
+        self.seconds += time.perf_counter() - t0
+
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
+        super().on_phase_start(task)
+        self._queries = None
+        self._last_step = task.steps_per_phase("TRAIN") if task.train else -1
+
+    def on_step(self, task: SelfSupervisionTask) -> None:
+        # The phase's forwards run after its last step rather than at phase end, where
+        # the loader workers already make the next phase's first batches: on a machine
+        # with few cores they would compete. The weights are those of the phase end.
+        if task.train and self.bank_set is not None and task.local_iteration_num == self._last_step:
+            self._phase_features(task)
+
+    def phase_end_sync(self) -> None:
+        import time
+
+        task = self.task
+        if task is None or self.bank_set is None or self.query_set is None:
+            return
+        if self._queries is None:  # (a phase that ended early, or resumed at its end)
+            self._phase_features(task)
+        t0 = time.perf_counter()
+        queries, self._queries = self._queries, None
+        assert queries is not None
         q_labels, q_valid = self.query_set.labels_valid(task.device)
         assert self.bank is not None and self.bank_labels is not None
         assert self.bank_valid is not None
