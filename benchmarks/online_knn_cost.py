@@ -9,7 +9,8 @@ weights. It reports
 
 - the wall time of each training run (``SelfSupervisionTrainer.train()``: the phases,
   their hooks and checkpoints; not the process start-up), the medians and
-  **cost = median(with) / median(without) - 1**;
+  **cost = median(with) / median(without) - 1**, and each round's own ratio (on a shared
+  machine these vary by several percent from round to round);
 - the monitor's own time (its bank fills and refreshes, query passes and kNN, timed
   inside the hook) as a share of the median run without it: the same cost, measured
   without the run-to-run noise;
@@ -93,6 +94,7 @@ def train_once(folder: str, with_knn: bool, extra: Sequence[str]) -> dict[str, A
     hooks = default_hook_generator(cfg)
     torch.manual_seed(int(cfg.SEED_VALUE))
     trainer = SelfSupervisionTrainer(cfg, folder, torch.device("cpu"), hooks)
+    gc.collect()  # the last run's loaders and their workers, before the clock starts
     start = time.perf_counter()
     task = trainer.train()
     wall = time.perf_counter() - start
@@ -174,11 +176,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with_knn = statistics.median(x["wall_s"] for x in results["with_knn"])
         own = statistics.median(x["monitor_s"] for x in results["with_knn"])
         last = results["with_knn"][-1]
+        paired = [
+            100.0 * (a["wall_s"] / b["wall_s"] - 1.0)
+            for a, b in zip(results["with_knn"], results["without"], strict=True)
+        ]
         summary: dict[str, Any] = {
             "rounds": rounds,
             "median_without_s": without,
             "median_with_s": with_knn,
             "cost_pct": 100.0 * (with_knn / without - 1.0),
+            "paired_cost_pct": paired,
             "monitor_pct": 100.0 * own / without,
             "online_top_1": last["top_1"],
         }
@@ -195,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if args.quiet:
             logging.disable(logging.NOTSET)
         shutil.rmtree(root, ignore_errors=True)
+    print("cost of each round (with / without - 1): " + ", ".join(f"{p:+.1f}%" for p in paired))
     print("online top-1 per phase: " + ", ".join(f"{v:.2f}" for v in summary["online_top_1"]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

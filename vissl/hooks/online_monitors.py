@@ -803,7 +803,8 @@ class LinearProbe:
 
     def step(self, feats: torch.Tensor, labels: torch.Tensor) -> None:
         params = list(self.layer.parameters())
-        with torch.enable_grad():
+        # fp32 and with gradients, whatever the step's autocast and grad mode
+        with torch.enable_grad(), torch.autocast(feats.device.type, enabled=False):
             logits = self.layer(feats.detach().float())
             loss = F.cross_entropy(logits, labels)
             grads = torch.autograd.grad(loss, params)
@@ -869,6 +870,7 @@ class OnlineLinearProbeHook(_MonitorHook):
         self.capture: TrunkCapture | None = None
         self.label_table: torch.Tensor | None = None
         self._warned = False
+        self._warned_empty = False
 
     @classmethod
     def from_config(cls, cfg: Any) -> OnlineLinearProbeHook:
@@ -976,6 +978,14 @@ class OnlineLinearProbeHook(_MonitorHook):
         else:
             counts = self.probe.counts.clone()
         c = all_reduce_sum(counts).tolist()  # one host read per phase
+        if c[2] == 0 and not self._warned_empty:
+            self._warned_empty = True
+            logger.warning(
+                "online linear probe: no features of this train phase reached the probe%s",
+                " (with MODEL.COMPILE the trunk's forward hook may not run: use FEATURE: heads)"
+                if self.feature == "trunk"
+                else "",
+            )
         n = max(c[2], 1.0)
         self.values = {
             "top_1": 100.0 * c[0] / n,
