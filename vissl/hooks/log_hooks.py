@@ -295,7 +295,7 @@ class LogLossLrEtaHook(VisslHook):
         """
         from vissl.hooks.metrics import flatten_metrics, phase_split, plain
 
-        meters = [m for m in task.meters if getattr(m, "log_to_stdout_json", False)]
+        meters = [m for m in getattr(task, "meters", ()) if getattr(m, "log_to_stdout_json", False)]
         if not meters:
             return
         split = phase_split(task)
