@@ -59,7 +59,13 @@ from torch.nn import functional as F
 
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
-from vissl.utils.distributed import all_reduce_mean, all_reduce_sum, get_rank, get_world_size
+from vissl.utils.distributed import (
+    all_reduce_mean,
+    all_reduce_sum,
+    broadcast_coalesced,
+    get_rank,
+    get_world_size,
+)
 from vissl.utils.knn import knn_class_scores, rank_classes
 
 if TYPE_CHECKING:
@@ -197,9 +203,22 @@ def distributed_knn(
 
 # ---------------------------------------------------------------------- model access
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Every submodule in eval mode, no gradients; each module's own mode restored after."""
+def _eval_mode(model: nn.Module, rank0_buffers: bool = False) -> Iterator[None]:
+    """Every submodule in eval mode, no gradients; each module's own mode restored after.
+
+    With ``rank0_buffers`` and several processes (collective): the buffers (BatchNorm's
+    running statistics) are rank 0's while inside, and this rank's own are put back
+    after. Ranks hold the same parameters but, between two DDP forwards (or with a
+    reducer that never syncs buffers), their own statistics; checkpoints hold rank 0's,
+    so that is the model the offline tools evaluate.
+    """
     modes = [(m, m.training) for m in model.modules()]
+    buffers: list[torch.Tensor] = []
+    saved: list[torch.Tensor] = []
+    if rank0_buffers and get_world_size() > 1:
+        buffers = [b for b in model.buffers() if b.numel() > 0]
+        saved = [b.detach().clone() for b in buffers]
+        broadcast_coalesced(buffers, src=0)
     model.eval()
     _MONITOR_FORWARD[0] += 1
     try:
@@ -209,6 +228,9 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
         _MONITOR_FORWARD[0] -= 1
         for module, mode in modes:
             module.training = mode
+        with torch.no_grad():
+            for buf, own in zip(buffers, saved, strict=True):
+                buf.copy_(own)
 
 
 def trunk_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -636,14 +658,13 @@ class OnlineKnnHook(_MonitorHook):
         return F.normalize(feats, dim=1) if self.l2_norm else feats
 
     def _fill(self, task: SelfSupervisionTask, start: int, stop: int) -> None:
-        """Recompute the bank rows ``start:stop`` of this rank."""
+        """Recompute the bank rows ``start:stop`` of this rank (inside :func:`_eval_mode`)."""
         assert self.bank_set is not None
-        with _eval_mode(task.base_model):
-            for pos, x in self.bank_set.batches(start, stop):
-                feats = self._features(task, x)
-                if self.bank is None:
-                    self.bank = torch.zeros(len(self.bank_set), feats.shape[1], device=task.device)
-                self.bank[pos : pos + feats.shape[0]] = feats
+        for pos, x in self.bank_set.batches(start, stop):
+            feats = self._features(task, x)
+            if self.bank is None:
+                self.bank = torch.zeros(len(self.bank_set), feats.shape[1], device=task.device)
+            self.bank[pos : pos + feats.shape[0]] = feats
 
     def _slice(self, train_phase_idx: int) -> tuple[int, int]:
         """The bank rows recomputed at the end of train phase ``train_phase_idx``."""
@@ -671,7 +692,8 @@ class OnlineKnnHook(_MonitorHook):
             self.num_classes = int(
                 max(self.bank_set.all_labels.max(), self.query_set.all_labels.max()) + 1
             )
-        self._fill(task, 0, len(self.bank_set))
+        with _eval_mode(task.base_model, rank0_buffers=True):
+            self._fill(task, 0, len(self.bank_set))
         self.start_seconds = time.perf_counter() - t0
         self.seconds += self.start_seconds
         logger.info(
@@ -694,10 +716,10 @@ class OnlineKnnHook(_MonitorHook):
         t0 = time.perf_counter()
         last = task.train_phase_idx + 1 >= task.num_train_phases
         start, stop = (0, len(self.bank_set)) if last else self._slice(task.train_phase_idx)
-        if stop > start:
-            self._fill(task, start, stop)
         feats: list[torch.Tensor] = []
-        with _eval_mode(task.base_model):
+        with _eval_mode(task.base_model, rank0_buffers=True):
+            if stop > start:
+                self._fill(task, start, stop)
             for _, x in self.query_set.batches():
                 feats.append(self._features(task, x))
         self._queries = torch.cat(feats)
