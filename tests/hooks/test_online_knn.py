@@ -259,3 +259,29 @@ def test_early_stopping_on_the_knn(tmp_path) -> None:
     assert task.end_reason == "early_stop"
     assert task.train_phase_idx == 1  # phase 0 sets the best, phase 1 does not beat it
     assert "train_online_knn_top_1" in task.stop_training_reason
+
+
+def test_test_phases_keep_their_own_meters(tmp_path) -> None:
+    """With test phases between the train phases, the monitor reports after train phases
+    only, and the test phases' records hold their own meters alone."""
+    from tests._tiny_run import tiny_config
+
+    resize = "[{name: Resize, size: 16}, {name: ToTensor}]"
+    cfg = tiny_config(
+        tmp_path,
+        "config.HOOKS.ONLINE_KNN.USE=true",
+        "config.HOOKS.ONLINE_KNN.BANK.DATA_LIMIT=48",
+        "config.HOOKS.ONLINE_KNN.QUERY.DATA_LIMIT=24",
+        f"config.HOOKS.ONLINE_KNN.BANK.TRANSFORMS={resize}",
+        f"config.HOOKS.ONLINE_KNN.QUERY.TRANSFORMS={resize}",
+    )
+    train_in_process(cfg, default_hook_generator(cfg))
+    records = [json.loads(line) for line in open(tmp_path / "metrics.json")]
+    assert [("train_loss" in r, "test_loss" in r) for r in records] == [
+        (True, False),
+        (False, True),
+    ] * 2
+    for r in records:
+        assert ("train_online_knn" in r) == ("train_loss" in r)
+        assert not any(k.startswith("test_online") for k in r)
+    assert "test_accuracy_list_meter" in records[1]

@@ -14,7 +14,9 @@ Three hooks, each turned on in config (``HOOKS.ONLINE_KNN``, ``HOOKS.ONLINE_LINE
   does. With several processes the bank is sharded (each rank holds the samples of its
   share of the data) and the queries are gathered: each rank scores every query against
   its shard, the per-rank top-k are gathered and merged, so every rank computes the same
-  top-1/top-5.
+  top-1/top-5; the forwards use rank 0's BatchNorm buffers (the checkpoint's). The
+  phase's forwards run after its last step (``on_step``), before the next phase's loader
+  workers start, the kNN in ``sync_state`` at phase end.
 - :class:`OnlineLinearProbeHook`: a linear layer with its own SGD, trained at every
   train step on the detached features of the SSL batch (captured from the trunk's
   forward, or the model output); its gradients are averaged across ranks (one small
