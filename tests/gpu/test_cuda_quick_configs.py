@@ -19,6 +19,12 @@ QUICK = [
     "test/integration_test/quick_dino",
     "test/integration_test/quick_dino_vit",
     "test/integration_test/quick_barlow_twins",
+    "test/integration_test/quick_byol",
+    "test/integration_test/quick_simsiam",
+    "test/integration_test/quick_moco_v3",
+    "test/integration_test/quick_moco_v3_vit",
+    "test/integration_test/quick_vicreg",
+    "test/integration_test/quick_nnclr",
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]

@@ -12,6 +12,15 @@ When every parameter is a floating-point CUDA tensor, torch's fused implementati
 used (one kernel for all parameters): faster, and under fp16 the GradScaler then skips
 a step with infs on the device instead of reading its found-inf flag back (a host sync
 per step with the other implementations).
+
+Fused SGD with momentum needs every stepping parameter to hold a momentum buffer, or none
+to: torch's fused kernel raises a ``TypeError`` when only some do (SwAV's prototypes, frozen
+for the first iterations, start stepping after the rest), and when its very first step is
+skipped for infs under fp16 it keeps the uninitialised buffers it allocated (garbage that
+turns the next step's update into NaN or huge values). :class:`ZeroMomentumBuffers`, a
+step pre-hook, gives each parameter about to step without a buffer a zero one; with no
+dampening ``momentum * 0 + grad`` is exactly the ``grad`` a first step stores, so the
+updates equal the other implementations'. With dampening fused SGD is not used.
 """
 
 from __future__ import annotations
@@ -56,6 +65,39 @@ def _implementation(
     return {}
 
 
+class ZeroMomentumBuffers:
+    """Step pre-hook of a fused SGD: a zero momentum buffer for each parameter about to
+    step without one (see the module's docstring). Once every parameter holds one the hook
+    returns at once; loading a state dict or adding a group makes it look again."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._complete = False
+        self._count = -1
+        optimizer.register_step_pre_hook(self)
+        optimizer.register_load_state_dict_post_hook(self._reset)
+
+    def _reset(self, optimizer: torch.optim.Optimizer) -> None:
+        self._complete = False
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        count = sum(len(g["params"]) for g in optimizer.param_groups)
+        if self._complete and count == self._count:
+            return
+        complete = True
+        for group in optimizer.param_groups:
+            if group["momentum"] == 0:
+                continue
+            for p in group["params"]:
+                state = optimizer.state[p]
+                if state.get("momentum_buffer") is not None:
+                    continue
+                if p.grad is None:
+                    complete = False
+                else:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+        self._complete, self._count = complete, count
+
+
 @register_optimizer("sgd")
 def build_sgd(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """``torch.optim.SGD`` with ``momentum``, ``nesterov`` and per-group weight decay."""
@@ -70,15 +112,21 @@ def build_sgd(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> tor
             f"{momentum}, dampening {dampening}.",
             f"{_PATH}.nesterov",
         )
-    return torch.optim.SGD(
+    implementation = _implementation(torch.optim.SGD, param_groups)
+    if momentum and dampening:
+        implementation = {}  # a zero first buffer would be damped (module docstring)
+    optimizer = torch.optim.SGD(
         param_groups,
         lr=param_groups[0]["lr"],
         momentum=momentum,
         dampening=dampening,
         nesterov=nesterov,
         weight_decay=param_groups[0].get("weight_decay", 0.0),
-        **_implementation(torch.optim.SGD, param_groups),
+        **implementation,
     )
+    if implementation.get("fused") and momentum:
+        ZeroMomentumBuffers(optimizer)
+    return optimizer
 
 
 def _adam_kwargs(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> dict[str, Any]:
