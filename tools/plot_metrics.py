@@ -133,7 +133,9 @@ def read_run(folder: str, label: str) -> RunLogs:
         )
     run = RunLogs(label)
     if os.path.isfile(stdout_path):
-        for record in _as_run(read_jsonl(stdout_path), "iteration"):
+        # the phase-end records of the online monitors repeat the last step's iteration
+        steps = [r for r in read_jsonl(stdout_path) if not r.get("phase_end")]
+        for record in _as_run(steps, "iteration"):
             if record.get("train", True) is False:
                 continue
             run.steps.append(

@@ -103,6 +103,8 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
         "digits/byol",
         "digits/simsiam",
         "digits/moco_v3",
+        "digits/vicreg",
+        "digits/nnclr",
     ],
 )
 def test_method_digits_recipe_beats_random_init_on_the_knn_probe(

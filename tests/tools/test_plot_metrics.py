@@ -127,6 +127,20 @@ def test_resumed_and_restarted_logs_are_read_as_the_run_went(tmp_path: Path) -> 
     assert "phase loss" not in pm.panels([run], [])  # no metrics.json: step curves only
 
 
+def test_phase_end_records_of_the_online_monitors_keep_the_step_curve(tmp_path: Path) -> None:
+    def line(iteration: int, loss: float) -> str:
+        return json.dumps(
+            {"iteration": iteration, "phase_idx": 0, "train": True, "loss": loss, "lr": 0.1}
+        )
+
+    phase_end = {"iteration": 2, "phase_idx": 0, "train_phase_idx": 0, "ep": 0, "train": True}
+    phase_end |= {"phase_end": True, "train_online_knn_top_1": 91.5}
+    lines = [line(1, 5.0), line(2, 4.0), json.dumps(phase_end), line(3, 3.0)]
+    (tmp_path / "stdout.json").write_text("\n".join(lines) + "\n")
+    run = pm.read_run(str(tmp_path), "r")
+    assert [(s[0], s[1]) for s in run.steps] == [(1, 5.0), (2, 4.0), (3, 3.0)]
+
+
 def test_missing_matplotlib_is_one_line(
     run_dir: Path,
     tmp_path: Path,

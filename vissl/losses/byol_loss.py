@@ -34,8 +34,8 @@ from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
     MomentumTargetHook,
+    checked_prediction,
     infer_predictor_config,
-    single_output,
     two_views,
 )
 from vissl.models.momentum import momentum_copy
@@ -114,13 +114,7 @@ class BYOLLoss(nn.Module):
             output: the online predictions ``(2 * B, D)``, view-major (or a list of it).
             target: unused.
         """
-        prediction = single_output(output, "byol_loss")
-        if prediction.ndim != 2 or prediction.shape[1] != self.embedding_dim:
-            raise ConfigError(
-                f"{_KEY}.embedding_dim is {self.embedding_dim} but the model outputs shape "
-                f"{tuple(prediction.shape)}; set it to the predictor's last dim.",
-                f"{_KEY}.embedding_dim",
-            )
+        prediction = checked_prediction(output, "byol_loss", self.embedding_dim)
         projection = self.target_output
         if projection is None:
             raise RuntimeError(

@@ -62,14 +62,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vissl.config import register_config_defaults
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
     MomentumTargetHook,
     check_two_views,
+    checked_prediction,
     projector_predictor_dims,
-    single_output,
     two_views,
 )
 from vissl.models.momentum import momentum_copy
@@ -82,9 +81,6 @@ _KEY = f"config.LOSS.{_NAME}"
 
 #: The defaults of ``LOSS.moco_v3_loss`` (as in vissl/config/defaults.yaml).
 DEFAULTS: dict[str, Any] = {"temperature": 0.2, "momentum": 0.99, "embedding_dim": 256}
-
-# The keys are valid (with these defaults) even where defaults.yaml does not list them.
-register_config_defaults(f"LOSS.{_NAME}", DEFAULTS)
 
 
 def _number(value: Any, key: str, low: float, high: float, open_low: bool) -> float:
@@ -196,13 +192,7 @@ class MoCoV3Loss(nn.Module):
             output: the model's predictions ``(2 * B, D)``, view-major (or a list of it).
             target: unused.
         """
-        prediction = single_output(output, _NAME)
-        if prediction.ndim != 2 or prediction.shape[1] != self.embedding_dim:
-            raise ConfigError(
-                f"{_KEY}.embedding_dim is {self.embedding_dim} but the model outputs shape "
-                f"{tuple(prediction.shape)}; set it to the predictor's last dim.",
-                f"{_KEY}.embedding_dim",
-            )
+        prediction = checked_prediction(output, _NAME, self.embedding_dim)
         keys = self.target_output
         if keys is None:
             raise RuntimeError(

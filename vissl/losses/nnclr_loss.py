@@ -57,8 +57,9 @@ from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
     ProjectionCapture,
+    captured_projection,
+    checked_prediction,
     infer_predictor_config,
-    single_output,
     two_views,
 )
 from vissl.utils.distributed import gather_from_all, get_rank
@@ -212,24 +213,8 @@ class NNCLRLoss(nn.Module):
             output: the predictions ``(2 * B, D)``, view-major (or a list holding them).
             target: unused.
         """
-        prediction = single_output(output, "nnclr_loss")
-        if prediction.ndim != 2 or prediction.shape[1] != self.embedding_dim:
-            raise ConfigError(
-                f"{_KEY}.embedding_dim is {self.embedding_dim} but the model outputs shape "
-                f"{tuple(prediction.shape)}; set it to the predictor's last dim.",
-                f"{_KEY}.embedding_dim",
-            )
-        if self.capture is None:
-            raise RuntimeError(
-                "nnclr_loss.bind_model was not called: no projections (the trainer calls it "
-                "when it builds the task)."
-            )
-        projection = self.capture.take("nnclr_loss")
-        if projection.shape != prediction.shape:
-            raise ValueError(
-                f"nnclr_loss: projections of shape {tuple(projection.shape)} for predictions "
-                f"of shape {tuple(prediction.shape)}."
-            )
+        prediction = checked_prediction(output, "nnclr_loss", self.embedding_dim)
+        projection = captured_projection(self.capture, prediction, "nnclr_loss")
         # fp32 similarities and softmax, also under a bf16/fp16 autocast
         with torch.autocast(device_type=prediction.device.type, enabled=False):
             p1, p2 = two_views(F.normalize(prediction.float(), dim=1), "nnclr_loss")

@@ -158,6 +158,41 @@ def single_output(output: Any, method: str) -> torch.Tensor:
     return output
 
 
+def checked_prediction(output: Any, method: str, embedding_dim: int) -> torch.Tensor:
+    """The predictor's output ``(2 * B, embedding_dim)`` of a model output.
+
+    Raises:
+        ConfigError: its width is not ``config.LOSS.<method>.embedding_dim``.
+    """
+    prediction = single_output(output, method)
+    if prediction.ndim != 2 or prediction.shape[1] != embedding_dim:
+        key = f"config.LOSS.{method}.embedding_dim"
+        raise ConfigError(
+            f"{key} is {embedding_dim} but the model outputs shape "
+            f"{tuple(prediction.shape)}; set it to the predictor's last dim.",
+            key,
+        )
+    return prediction
+
+
+def captured_projection(
+    capture: ProjectionCapture | None, prediction: torch.Tensor, method: str
+) -> torch.Tensor:
+    """The projections kept by ``capture`` for this forward, shaped as ``prediction``."""
+    if capture is None:
+        raise RuntimeError(
+            f"{method}.bind_model was not called: no projections (the trainer calls it "
+            "when it builds the task)."
+        )
+    projection = capture.take(method)
+    if projection.shape != prediction.shape:
+        raise ValueError(
+            f"{method}: projections of shape {tuple(projection.shape)} for predictions "
+            f"of shape {tuple(prediction.shape)}."
+        )
+    return projection
+
+
 def two_views(x: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``0..B-1`` and ``B..2B-1`` of a view-major ``(2B, D)`` tensor."""
     if x.ndim != 2 or x.shape[0] % 2 != 0:

@@ -38,8 +38,9 @@ from vissl.hooks.base import Priority, VisslHook
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
     ProjectionCapture,
+    captured_projection,
+    checked_prediction,
     infer_predictor_config,
-    single_output,
     two_views,
 )
 from vissl.utils.distributed import get_world_size, is_primary
@@ -118,24 +119,8 @@ class SimSiamLoss(nn.Module):
             output: the predictions ``(2 * B, D)``, view-major (or a list of it).
             target: unused.
         """
-        prediction = single_output(output, "simsiam_loss")
-        if prediction.ndim != 2 or prediction.shape[1] != self.embedding_dim:
-            raise ConfigError(
-                f"{_KEY}.embedding_dim is {self.embedding_dim} but the model outputs shape "
-                f"{tuple(prediction.shape)}; set it to the predictor's last dim.",
-                f"{_KEY}.embedding_dim",
-            )
-        if self.capture is None:
-            raise RuntimeError(
-                "simsiam_loss.bind_model was not called: no projections (the trainer calls "
-                "it when it builds the task)."
-            )
-        projection = self.capture.take("simsiam_loss")
-        if projection.shape != prediction.shape:
-            raise ValueError(
-                f"simsiam_loss: projections of shape {tuple(projection.shape)} for "
-                f"predictions of shape {tuple(prediction.shape)}."
-            )
+        prediction = checked_prediction(output, "simsiam_loss", self.embedding_dim)
+        projection = captured_projection(self.capture, prediction, "simsiam_loss")
         p1, p2 = two_views(prediction.float(), "simsiam_loss")
         z1, z2 = two_views(projection.float(), "simsiam_loss")
         if self.training:

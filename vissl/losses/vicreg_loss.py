@@ -73,7 +73,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vissl.config import register_config_defaults
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import head_output_dim
@@ -93,9 +92,6 @@ DEFAULTS: dict[str, Any] = {
     "eps": 0.0001,
     "embedding_dim": 8192,
 }
-
-# The keys are valid (with these defaults) even where defaults.yaml does not list them.
-register_config_defaults(f"LOSS.{_NAME}", DEFAULTS)
 
 
 def _number(value: Any, key: str, positive: bool) -> float:

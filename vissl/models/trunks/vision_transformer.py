@@ -55,7 +55,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torchvision.ops import StochasticDepth
 
-from vissl.config import register_config_defaults
 from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
@@ -91,9 +90,6 @@ DEFAULTS: dict[str, Any] = {
     "CHECKPOINT_BLOCK": False,
     "FREEZE_PATCH_EMBED": False,
 }
-
-# FREEZE_PATCH_EMBED is valid (default False) even where defaults.yaml does not list it.
-register_config_defaults("MODEL.TRUNK.VISION_TRANSFORMERS.FREEZE_PATCH_EMBED", False)
 
 CLASSIFIERS = ("token", "gap")
 LAYER_NORM_EPS = 1e-6
