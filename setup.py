@@ -35,13 +35,17 @@ setup(
         "submitit>=1.4",
         "tensorboard>=2.10",
         "tqdm>=4.60",
+        # MODEL.WEIGHTS_INIT of .safetensors files, extra_scripts/export_trunk.py
+        "safetensors>=0.4",
     ],
     extras_require={
         # tools/plot_metrics.py
         "plots": ["matplotlib>=3.7"],
         # the documentation site: mkdocs build --strict
         "docs": ["mkdocs>=1.6"],
-        # tests, lint and types; the plots and docs extras so that CI tests them too
+        # MODEL.TRUNK.NAME: timm (any timm model as a trunk)
+        "timm": ["timm>=1.0"],
+        # tests, lint and types; the plots, docs and timm extras so that CI tests them too
         "dev": [
             "pytest>=7.4",
             "pytest-timeout>=2.1",
@@ -49,6 +53,7 @@ setup(
             "mypy>=1.8",
             "matplotlib>=3.7",
             "mkdocs>=1.6",
+            "timm>=1.0",
         ],
     },
     entry_points={"console_scripts": []},

@@ -40,6 +40,7 @@ class UnsupportedConfigWarning(UserWarning):
 OPEN_SUBTREES = {
     "OPTIMIZER.param_schedulers",
     "MODEL.TRUNK.REGNET",
+    "MODEL.TRUNK.TIMM.KWARGS",
     "MODEL.AMP_PARAMS.AMP_ARGS",
     "SLURM.ADDITIONAL_PARAMETERS",
     "DATA.TRAIN.COLLATE_FUNCTION_PARAMS",

@@ -39,7 +39,11 @@ import torch
 from torch import nn
 
 from vissl.errors import ConfigError
-from vissl.utils.checkpoint import load_checkpoint
+from vissl.utils.external_weights import (
+    is_plain_state_dict,
+    load_weights_file,
+    map_external_state_dict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +238,8 @@ def init_model_from_checkpoint(
     key_name = weights_cfg.get("STATE_DICT_KEY_NAME", "classy_state_dict")
     if key_name is None:
         key_name = ""
+    if key_name == "classy_state_dict" and is_plain_state_dict(checkpoint):
+        key_name = ""  # a torchvision / timm / safetensors state dict: the file is the weights
     source_state, is_vissl = extract_state_dict(checkpoint, key_name)
     remove = str(weights_cfg.get("REMOVE_PREFIX", "") or "")
     append = str(weights_cfg.get("APPEND_PREFIX", "") or "")
@@ -246,9 +252,13 @@ def init_model_from_checkpoint(
         )
     renamed = source_state if is_vissl else _rename(source_state, remove, append)
     target = model.state_dict()
+    skip = [str(s) for s in (weights_cfg.get("SKIP_LAYERS") or []) if s]
+    if not is_vissl and not (remove or append):
+        # torchvision / timm names for the resnet / timm trunk (vissl/utils/external_weights.py)
+        external = map_external_state_dict(renamed, target, skip, source)
+        renamed = external if external is not None else renamed
     renamed = _adapt_trunk_keys(renamed, target)
 
-    skip = [str(s) for s in (weights_cfg.get("SKIP_LAYERS") or []) if s]
     load_heads = should_init_head_weights(model_config)
     _, trunk_and_head = _eval_flags(model_config)
     file_has_heads = any(k.startswith("heads.") for k in renamed)
@@ -363,7 +373,9 @@ def init_model_from_weights_params_file(
     """
     path = str(weights_cfg["PARAMS_FILE"])
     try:
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_weights_file(path)
+    except ConfigError:
+        raise
     except Exception as err:
         raise ConfigError(
             f"{KEY}.PARAMS_FILE={path!r} cannot be loaded: {err}", f"{KEY}.PARAMS_FILE"
