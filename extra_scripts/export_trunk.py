@@ -42,6 +42,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+# the sibling scripts, also when this file is run by runpy (as the docs checks do)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import HelpFormatter, ScriptError, one_line, run_script
 from convert_vissl_to_torchvision import (
     _model_config,
