@@ -1,0 +1,67 @@
+"""The RotNet ImageNet configs compose without warnings, build on the CPU, hold the
+numbers their comments state (rows per step, peak learning rate, warm-up, iterations per
+epoch), and one training step runs through rotnet_collator on a 224 px image."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.config.test_pretrain_method_configs import (
+    IMAGENET_TRAIN_IMAGES,
+    _build,
+    _compose,
+    _world_size,
+)
+from vissl.data import build_collate_fn
+from vissl.data.ssl_transforms.ssl_transforms_wrapper import build_transforms
+from vissl.losses.cross_entropy_multiple_output_single_target import (
+    CrossEntropyMultipleOutputSingleTargetLoss,
+)
+from vissl.optimizers.larc import LARC
+
+# config -> (rows per step, peak lr, iterations per epoch, LARC)
+ROTNET = {
+    "pretrain/rotnet/rotnet_8gpu_resnet50": (1024, 0.4, 5004, False),
+    "pretrain/rotnet/rotnet_64gpu_resnet50": (4096, 1.6, 1251, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROTNET))
+def test_rotnet_config_builds_with_the_numbers_of_its_comments(name: str) -> None:
+    rows, peak, iterations, larc = ROTNET[name]
+    cfg = _compose(name)
+    batch = int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
+    angles = int(cfg.DATA.TRAIN.COLLATE_FUNCTION_PARAMS.num_angles)
+    assert cfg.DATA.TRAIN.COLLATE_FUNCTION == "rotnet_collator" and angles == 4
+    assert angles * batch * _world_size(cfg) == rows
+    assert math.ceil(IMAGENET_TRAIN_IMAGES / _world_size(cfg)) // batch == iterations
+    _, loss, schedules, optimizer = _build(cfg)
+    assert isinstance(loss, CrossEntropyMultipleOutputSingleTargetLoss)
+    assert isinstance(optimizer, LARC) == larc
+    assert peak == pytest.approx(0.1 * rows / 256)
+    warmup = 5 / int(cfg.OPTIMIZER.num_epochs)
+    assert schedules.values(0.0)["lr"] == pytest.approx(peak / 10)
+    assert schedules.values(warmup)["lr"] == pytest.approx(peak, rel=1e-4)
+    assert schedules.values(1.0)["lr"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_one_rotnet_step_on_a_224_px_image() -> None:
+    """The crop chain, rotnet_collator, ResNet-50 and its 4-way head fit end to end."""
+    cfg = _compose("pretrain/rotnet/rotnet_8gpu_resnet50")
+    model, loss, _, _ = _build(cfg)
+    torch.manual_seed(0)
+    image = torch.randint(0, 256, (3, 256, 300), dtype=torch.uint8)
+    chain = build_transforms(cfg.DATA.TRAIN.TRANSFORMS)
+    sample = chain({"data": [image], "label": [0], "data_valid": [1], "data_idx": [0]})
+    out = build_collate_fn(cfg, "TRAIN")([sample])
+    data, label = out["data"][0], out["label"][0]
+    assert data.shape == (4, 3, 224, 224) and label.tolist() == [0, 1, 2, 3]
+    model.train()
+    logits = model(data)
+    assert logits[0].shape == (4, 4)
+    value = loss(logits, label)
+    value.backward()
+    assert math.isfinite(value.item())
