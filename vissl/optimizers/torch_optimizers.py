@@ -67,35 +67,36 @@ def _implementation(
 
 class ZeroMomentumBuffers:
     """Step pre-hook of a fused SGD: a zero momentum buffer for each parameter about to
-    step without one (see the module's docstring). Once every parameter holds one the hook
-    returns at once; loading a state dict or adding a group makes it look again."""
+    step without one (see the module's docstring). Each step looks only at the parameters
+    still without a buffer (none, after the first step of most runs); loading a state dict
+    or adding a group makes it look at every parameter again."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self._complete = False
+        self._pending: list[torch.Tensor] | None = None  # None: look at every parameter
         self._count = -1
         optimizer.register_step_pre_hook(self)
         optimizer.register_load_state_dict_post_hook(self._reset)
 
     def _reset(self, optimizer: torch.optim.Optimizer) -> None:
-        self._complete = False
+        self._pending = None
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         count = sum(len(g["params"]) for g in optimizer.param_groups)
-        if self._complete and count == self._count:
-            return
-        complete = True
-        for group in optimizer.param_groups:
-            if group["momentum"] == 0:
+        if self._pending is None or count != self._count:
+            self._count = count
+            self._pending = [
+                p for g in optimizer.param_groups if g["momentum"] != 0 for p in g["params"]
+            ]
+        waiting = []
+        for p in self._pending:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is not None:
                 continue
-            for p in group["params"]:
-                state = optimizer.state[p]
-                if state.get("momentum_buffer") is not None:
-                    continue
-                if p.grad is None:
-                    complete = False
-                else:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-        self._complete, self._count = complete, count
+            if p.grad is None:
+                waiting.append(p)
+            else:
+                state["momentum_buffer"] = torch.zeros_like(p)
+        self._pending = waiting
 
 
 @register_optimizer("sgd")
