@@ -68,14 +68,16 @@ class ImgRotatePil:
 
     ssl_transform_kind: ClassVar[str] = "labels"
 
-    def __init__(self, num_angles: int = 4, num_rotations_per_img: int = 1) -> None:
-        self.num_angles = check_num_angles(num_angles, "ImgRotatePil.num_angles")
+    def __init__(
+        self, num_angles: int = 4, num_rotations_per_img: int = 1, key_path: str = "ImgRotatePil"
+    ) -> None:
+        self.num_angles = check_num_angles(num_angles, f"{key_path}.num_angles")
         if num_rotations_per_img != 1:
             raise ConfigError(
-                "ImgRotatePil.num_rotations_per_img must be 1 (as in VISSL); for all "
-                f"{num_angles} rotations of every image in the batch use "
-                "COLLATE_FUNCTION: rotnet_collator instead.",
-                "ImgRotatePil.num_rotations_per_img",
+                f"{key_path}.num_rotations_per_img must be 1 (as in VISSL), got "
+                f"{num_rotations_per_img!r}; for all {num_angles} rotations of every image "
+                "in the batch use COLLATE_FUNCTION: rotnet_collator instead.",
+                f"{key_path}.num_rotations_per_img",
             )
         self.num_rotations_per_img = 1
         self.angles = rotation_angles(self.num_angles)
@@ -89,16 +91,7 @@ class ImgRotatePil:
                 "num_angles and num_rotations_per_img.",
                 f"{key_path}.{unknown[0]}",
             )
-        num_angles = check_num_angles(kwargs.get("num_angles", 4), f"{key_path}.num_angles")
-        per_img = kwargs.get("num_rotations_per_img", 1)
-        if per_img != 1:
-            raise ConfigError(
-                f"{key_path}.num_rotations_per_img must be 1 (as in VISSL), got {per_img!r}; "
-                f"for all {num_angles} rotations of every image in the batch use "
-                "config.DATA.TRAIN.COLLATE_FUNCTION: rotnet_collator instead.",
-                f"{key_path}.num_rotations_per_img",
-            )
-        return cls(num_angles=num_angles)
+        return cls(**kwargs, key_path=key_path)
 
     def __call__(self, image: Any) -> tuple[Any, int]:
         label = int(torch.randint(self.num_angles, (1,)).item())
