@@ -11,7 +11,7 @@ Attribute names follow VISSL's task, since custom steps and hooks read them: ``m
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import Any
 
 import torch
@@ -204,6 +204,7 @@ class SelfSupervisionTask:
         self.base_model = model.to(self.device)
         if self.channels_last:
             self.base_model = self.base_model.to(memory_format=torch.channels_last)
+        self._set_num_train_samples()
         self.loss = build_loss(cfg.LOSS, cfg).to(self.device)
         bind_model = getattr(self.loss, "bind_model", None)
         if callable(bind_model):
@@ -248,6 +249,31 @@ class SelfSupervisionTask:
             self.grad_reducer.name,
         )
         return self
+
+    def _set_num_train_samples(self) -> None:
+        """``LOSS.<name>.num_train_samples``, where the loss has that key (memory banks:
+        ``nce_loss_with_memory``, ``deepclusterv2_loss``), is the size of the data set the
+        run iterates (TRAIN, else TEST), as VISSL sets it."""
+        name = self.config.LOSS.get("name")
+        params = self.config.LOSS.get(name) if isinstance(name, str) else None
+        if not isinstance(params, MutableMapping) or "num_train_samples" not in params:
+            return
+        split = "TRAIN" if "TRAIN" in self.datasets else "TEST"
+        if split not in self.datasets:
+            return
+        size = len(self.datasets[split])
+        given = params["num_train_samples"]
+        if isinstance(given, int) and given > 0 and given != size:
+            logger.warning(
+                "config.LOSS.%s.num_train_samples is %d but the %s data set has %d samples: "
+                "using %d (the memory holds one entry per sample).",
+                name,
+                given,
+                split,
+                size,
+                size,
+            )
+        params["num_train_samples"] = size
 
     def compile_module(self, module: nn.Module) -> nn.Module:
         """``MODEL.COMPILE`` applied to another module the run calls (a teacher, a key
