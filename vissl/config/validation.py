@@ -105,7 +105,6 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "METERS.mean_ap_meter",
     "METERS.model_output_mask",
     "LOSS.bce_logits_multiple_output_single_target",
-    "LOSS.deepclusterv2_loss",
     "LOSS.ibot_loss",
     "LOSS.msn_loss",
     "LOSS.distillation_loss",
