@@ -52,11 +52,14 @@ class SiameseConcatView(nn.Module):
             batch = batch[0]
         rows = batch.shape[0]
         if rows % self.num_towers != 0:
-            raise ConfigError(
+            # a ValueError, not a ConfigError: the model's build-time width probe
+            # (vissl.models.shape_check) runs 2 rows through the heads, and must skip
+            # this head rather than report that as the user's mistake
+            raise ValueError(
                 f"{_KEY}: siamese_concat_view got {rows} rows, not a multiple of "
                 f"num_towers={self.num_towers}: num_towers must equal the number of patches "
-                "per image (num_patches of ImgPatchesFromTensor).",
-                _KEY,
+                "per image (num_patches of ImgPatchesFromTensor) and the batch must come "
+                "from siamese_collator."
             )
         return batch.reshape(rows // self.num_towers, -1)
 
