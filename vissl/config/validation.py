@@ -129,7 +129,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
             "BASE_DATASET": "generic_ssl",
         }.items()
     },
-    "MODEL.MULTI_INPUT_HEAD_MAPPING": [],
     # apex's O2/O3 (half-precision weights) have no torch AMP equivalent; O1 is autocast.
     "MODEL.AMP_PARAMS.AMP_ARGS.opt_level": "O1",
     "CHECKPOINT.BACKEND": "disk",

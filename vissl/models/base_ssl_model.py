@@ -57,6 +57,50 @@ _EXPECTED_HEADS = (
 
 HeadSpec = tuple[str, dict[str, Any]]
 
+_MAPPING_KEY = "config.MODEL.MULTI_INPUT_HEAD_MAPPING"
+
+
+def parse_multi_input_head_mapping(mapping: Any) -> list[tuple[str, list[str]]]:
+    """``MULTI_INPUT_HEAD_MAPPING`` as ``[(input key, [trunk feature names]), ...]``.
+
+    VISSL's form: ``[[input_key, [feature_name, ...]], ...]``, one entry per head (PIRL:
+    ``[["patches", ["flatten"]], ["images", ["flatten"]]]``).
+
+    Raises:
+        ConfigError: an entry is not ``[str, [str, ...]]`` or a key is repeated.
+    """
+    if not isinstance(mapping, Sequence) or isinstance(mapping, str):
+        raise ConfigError(
+            f"{_MAPPING_KEY} must be a list of [input_key, [feature_names]] entries, got "
+            f"{mapping!r}.",
+            _MAPPING_KEY,
+        )
+    out: list[tuple[str, list[str]]] = []
+    for i, entry in enumerate(mapping):
+        ok = (
+            isinstance(entry, Sequence)
+            and not isinstance(entry, str)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], Sequence)
+            and not isinstance(entry[1], str)
+            and all(isinstance(name, str) for name in entry[1])
+        )
+        if not ok:
+            raise ConfigError(
+                f"{_MAPPING_KEY}[{i}] must be [input_key, [feature_name, ...]], e.g. "
+                f'["images", ["flatten"]]; got {entry!r}.',
+                f"{_MAPPING_KEY}[{i}]",
+            )
+        if any(key == entry[0] for key, _ in out):
+            raise ConfigError(
+                f"{_MAPPING_KEY}[{i}] maps input {entry[0]!r} a second time; each input "
+                "key has one entry (and one head).",
+                f"{_MAPPING_KEY}[{i}]",
+            )
+        out.append((entry[0], list(entry[1])))
+    return out
+
 
 def _is_list(item: Any) -> bool:
     return isinstance(item, Sequence) and not isinstance(item, str | bytes)
@@ -217,13 +261,10 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.optimizer_config = optimizer_config
         self._trunk_frozen = False
         self._heads_frozen = False
-        mapping = cfg_get(model_config, "MULTI_INPUT_HEAD_MAPPING", []) or []
-        if len(mapping) > 0:
-            raise ConfigError(
-                "config.MODEL.MULTI_INPUT_HEAD_MAPPING is not supported yet by vissl's "
-                "multi_input_output_model; leave it empty.",
-                "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
-            )
+        #: MULTI_INPUT_HEAD_MAPPING: (input key, trunk features) per head, in head order
+        self.input_head_mapping = parse_multi_input_head_mapping(
+            cfg_get(model_config, "MULTI_INPUT_HEAD_MAPPING", []) or []
+        )
         check_feature_eval_settings(model_config)
         self.eval_mode = is_feature_extractor_model(model_config)
         self.trunk = self._get_trunk()
@@ -278,6 +319,9 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             else:
                 self.heads.append(modules[0])
                 self.head_names.append(chain[0][0])
+        if self.input_head_mapping:
+            self._check_multi_input_heads([[name for name, _ in chain] for chain in heads])
+            return
         n_feats = max(1, len(self._output_feature_names))
         n_heads = len(self.heads)
         if n_heads and n_feats > 1 and n_heads != n_feats:
@@ -293,6 +337,28 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 self.heads,
                 [[name for name, _ in chain] for chain in heads],
                 self._parallel_heads,
+            )
+
+    def _check_multi_input_heads(self, chain_names: list[list[str]]) -> None:
+        """One head per MULTI_INPUT_HEAD_MAPPING entry, each able to take its input's
+        trunk features."""
+        if len(self.heads) != len(self.input_head_mapping):
+            raise ConfigError(
+                f"config.MODEL.MULTI_INPUT_HEAD_MAPPING has {len(self.input_head_mapping)} "
+                f"entries but {_HEAD_KEY} defines {len(self.heads)} heads: head i runs on "
+                "the input of mapping entry i, so give one head (or head chain "
+                "[[name, {kwargs}], ...]) per entry.",
+                "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
+            )
+        if self._extract_trunk_features_only():
+            return
+        for i, (_, feature_names) in enumerate(self.input_head_mapping):
+            check_head_input_widths(
+                self.trunk,
+                feature_names,
+                [self.heads[i]],
+                [chain_names[i]] if self._parallel_heads else [[chain_names[i][0]]],
+                True,
             )
 
     def _apply_freezing(self) -> None:
@@ -465,10 +531,49 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             return all_feats
         return self.heads_forward(all_feats, self.heads)
 
-    def forward(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Model outputs for a tensor batch or a list of (multi-crop) tensors."""
+    def multi_input_with_head_mapping_forward(
+        self, batch: Mapping[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """MULTI_INPUT_HEAD_MAPPING: for entry ``i`` = ``[key, features]``, the trunk on
+        ``batch[key]`` (those features), then head ``i``; one output per entry."""
+        if not isinstance(batch, Mapping):
+            raise ConfigError(
+                "config.MODEL.MULTI_INPUT_HEAD_MAPPING is set, so the model takes one input "
+                "per mapped key, but the batch is a "
+                f"{type(batch).__name__}: list the keys in config.DATA.<split>.INPUT_KEY_NAMES "
+                "(e.g. [patches, images] with patch_and_image_collator).",
+                "config.DATA.TRAIN.INPUT_KEY_NAMES",
+            )
+        outputs: list[torch.Tensor] = []
+        for i, (key, feature_names) in enumerate(self.input_head_mapping):
+            if key not in batch:
+                raise ConfigError(
+                    f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}] maps input {key!r}, which "
+                    f"the batch does not hold (inputs: {sorted(batch)}); the keys must be "
+                    "among config.DATA.<split>.INPUT_KEY_NAMES.",
+                    f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}]",
+                )
+            out = self.single_input_forward(batch[key], feature_names, [self.heads[i]])
+            outputs.extend(out)
+        return outputs
+
+    def forward(
+        self, batch: torch.Tensor | Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Model outputs for a tensor batch, a list of (multi-crop) tensors, or (with
+        MULTI_INPUT_HEAD_MAPPING) a dict of named inputs."""
+        if self.input_head_mapping:
+            return self.multi_input_with_head_mapping_forward(batch)  # type: ignore[arg-type]
         if isinstance(batch, torch.Tensor):
             return self.single_input_forward(batch, self._output_feature_names, self.heads)
+        if isinstance(batch, Mapping):
+            raise ConfigError(
+                f"the model received named inputs {sorted(batch)} (several "
+                "config.DATA.<split>.INPUT_KEY_NAMES) but config.MODEL.MULTI_INPUT_HEAD_MAPPING "
+                "is empty: map each input key to its trunk features and head, e.g. "
+                '[["patches", ["flatten"]], ["images", ["flatten"]]].',
+                _MAPPING_KEY,
+            )
         return self.multi_res_input_forward(batch, self._output_feature_names)
 
     def get_features(self, batch: torch.Tensor) -> list[torch.Tensor]:
