@@ -19,7 +19,11 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(exclude=("tests", "tests.*", "benchmarks", "benchmarks.*")),
-    package_data={"vissl": ["config/*.yaml", "py.typed"], "configs": ["**/*.yaml", "**/*.json"]},
+    package_data={
+        "vissl": ["config/*.yaml", "py.typed"],
+        # configs/jigsaw_permutations/*.npy: the permutation files the Jigsaw configs use
+        "configs": ["**/*.yaml", "**/*.json", "**/*.npy"],
+    },
     include_package_data=True,
     install_requires=[
         "torch>=2.4",
