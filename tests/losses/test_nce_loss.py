@@ -293,3 +293,20 @@ def test_the_task_sets_num_train_samples_from_the_data(tmp_path) -> None:
     task = SelfSupervisionTask(cfg, str(tmp_path), torch.device("cpu"), ()).build()
     assert isinstance(task.loss, NCELossWithMemory)
     assert task.loss.num_items == 24 == len(task.datasets["TRAIN"])
+
+
+def test_a_bf16_autocast_still_scores_in_fp32() -> None:
+    out, index, negatives = _inputs(6)
+    out = out.float()
+    plain, mixed = _loss(norm_constant=2.0), _loss(norm_constant=2.0)
+    for loss in (plain, mixed):
+        loss.draw_negatives = lambda rows, device: negatives  # type: ignore[method-assign]
+    expected = plain(out, index)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mixed(out.bfloat16(), index)
+    assert got.dtype == torch.float32
+    # only the bf16 rounding of the inputs differs, not bf16 arithmetic on exp(s / T)
+    assert got.item() == pytest.approx(expected.item(), rel=2e-2)
+    start = _loss().memory.double()  # the bank before the step (a fixed draw)
+    ref = ref_nce(start, _unit(out.bfloat16().double()), index, negatives, 2.0, T)
+    assert got.item() == pytest.approx(ref, rel=1e-4)

@@ -356,6 +356,14 @@ class NCELossWithMemory(nn.Module):
                 f"{len(outputs)} outputs.",
                 f"{_KEY}.update_mem_with_emb_index",
             )
+        # fp32 scores, exponentials and update, also under a bf16/fp16 autocast (exp(s / T)
+        # at T = 0.07 in bf16 is off by several percent)
+        with torch.autocast(device_type=outputs[0].device.type, enabled=False):
+            return self._forward(outputs, target, weights_cfg)
+
+    def _forward(
+        self, outputs: list[torch.Tensor], target: torch.Tensor, weights_cfg: list[float]
+    ) -> torch.Tensor:
         index = _as_index(target, outputs[0].shape[0])
         valid = (index != self.ignore_index).to(self.memory.dtype)
         index = torch.where(index == self.ignore_index, torch.zeros_like(index), index)
