@@ -34,6 +34,19 @@ def test_misspelt_override_names_the_right_key():
     assert "Did you mean config.DATA.TRAIN.BATCHSIZE_PER_REPLICA?" in str(info.value)
 
 
+def test_a_dict_override_fills_a_key_whose_default_is_an_empty_mapping():
+    # Hydra merges {...} into the node; the composed config's struct flag used to refuse
+    # the new keys of an empty one ("Unknown config key").
+    _, cfg = compose(
+        "config.MODEL.TRUNK.TIMM.KWARGS={drop_rate:0.1}",
+        "config.DATA.TRAIN.COLLATE_FUNCTION_PARAMS={num_angles:4}",
+    )
+    assert cfg.MODEL.TRUNK.TIMM.KWARGS == {"drop_rate": 0.1}
+    assert cfg.DATA.TRAIN.COLLATE_FUNCTION_PARAMS == {"num_angles": 4}
+    with pytest.raises(UnknownKeyError):  # a non-empty mapping is still checked
+        compose("config.OPTIMIZER={momentun:0.5}")
+
+
 def test_misspelt_plus_override_names_the_right_key():
     with pytest.raises(UnknownKeyError) as info:
         compose("+config.OPTIMIZER.momentun=0.5")

@@ -11,7 +11,7 @@ import difflib
 import logging
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from vissl.config.attr_dict import AttrDict
-from vissl.config.validation import _closest_key, _leaf_paths, default_tree, validate_config
+from vissl.config.validation import (
+    _closest_key,
+    _get,
+    _has,
+    _leaf_paths,
+    default_tree,
+    validate_config,
+)
 from vissl.errors import ConfigError, UnknownKeyError
 from vissl.utils.imports import import_plugins
 
@@ -118,6 +125,26 @@ def _yaml_error(err: yaml.YAMLError) -> ConfigError:
     )
 
 
+def _open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
+    """``config.K={...}`` for a key ``K`` whose default is an empty mapping (an open set of
+    keyword arguments: ``MODEL.TRUNK.TIMM.KWARGS``, ``COLLATE_FUNCTION_PARAMS``, ...)
+    becomes ``++config.K={...}``: Hydra merges a dict override into the node, and the
+    struct flag of the composed config refuses the new keys of an empty one."""
+    tree = default_tree()
+    out = []
+    for override in overrides:
+        m = _OVERRIDE_KEY.match(override)
+        if m and not override.startswith(("+", "~")):
+            path = m.group(1)[len("config.") :]
+            value = override[m.end() :].lstrip()
+            if value.startswith("{") and _has(tree, path):
+                node = _get(tree, path)
+                if isinstance(node, Mapping) and not node:
+                    override = "++" + override
+        out.append(override)
+    return out
+
+
 def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
     """Compose the defaults with ``config=NAME``, ``+config/group/sub=file`` and overrides.
 
@@ -125,7 +152,7 @@ def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
         ConfigError: no ``config=``, a config name that does not exist, or an override of
             an unknown key (with the closest valid key).
     """
-    overrides = list(overrides)
+    overrides = _open_mapping_overrides(overrides)
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:
