@@ -463,3 +463,12 @@ def test_bad_num_clusters_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"config.LOSS.deepclusterv2_loss.num_clusters"):
         _loss(num_clusters=[3, 0])
     assert math.isfinite(_loss().temperature)
+
+
+def test_vissls_old_distr_on_key_is_ignored_with_a_warning() -> None:
+    """VISSL 0.1.6's quick_deepcluster_v2.yaml still sets DISTRIBUTED.DISTR_ON."""
+    from vissl.config.validation import UnsupportedConfigWarning
+
+    with pytest.warns(UnsupportedConfigWarning, match="DISTR_ON"):
+        cfg = _config("+config.DISTRIBUTED.DISTR_ON=True")
+    assert "DISTR_ON" not in cfg.DISTRIBUTED

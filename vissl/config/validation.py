@@ -261,6 +261,15 @@ def upgrade_legacy_keys(cfg: dict[str, Any]) -> None:
                 current.update(params)
             else:
                 trunk[family] = params
+    distributed = cfg.get("DISTRIBUTED")
+    if isinstance(distributed, dict) and "DISTR_ON" in distributed:
+        # An early VISSL key, still in VISSL 0.1.6's quick_deepcluster_v2.yaml; VISSL 0.1.6
+        # itself ignores it (it is not in its defaults either).
+        distributed.pop("DISTR_ON")
+        _warn(
+            "config.DISTRIBUTED.DISTR_ON is an old VISSL key that VISSL 0.1.6 ignores too: "
+            "ignored (the processes come from DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)."
+        )
     if "MONITOR_PERF_STATS" in cfg:
         value = cfg.pop("MONITOR_PERF_STATS")
         _warn(
