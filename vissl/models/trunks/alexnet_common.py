@@ -94,13 +94,16 @@ def max_pool() -> nn.MaxPool2d:
     return nn.MaxPool2d(kernel_size=3, stride=2)
 
 
+def _first(value: Any) -> int:
+    return int(value[0] if isinstance(value, tuple) else value)
+
+
 def _out_size(size: int, module: nn.Module) -> int:
     """Spatial size after ``module`` (a block) for a square input of side ``size``."""
     for layer in module.modules():
         if isinstance(layer, nn.Conv2d | nn.MaxPool2d):
-            k, s, p = layer.kernel_size, layer.stride, layer.padding
-            k, s, p = (v[0] if isinstance(v, tuple) else v for v in (k, s, p))
-            size = (size + 2 * int(p) - int(k)) // int(s) + 1
+            k, s, p = _first(layer.kernel_size), _first(layer.stride), _first(layer.padding)
+            size = (size + 2 * p - k) // s + 1
     return size
 
 
