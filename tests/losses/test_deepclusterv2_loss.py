@@ -472,3 +472,21 @@ def test_vissls_old_distr_on_key_is_ignored_with_a_warning() -> None:
     with pytest.warns(UnsupportedConfigWarning, match="DISTR_ON"):
         cfg = _config("+config.DISTRIBUTED.DISTR_ON=True")
     assert "DISTR_ON" not in cfg.DISTRIBUTED
+
+
+def test_an_image_in_two_memory_rows_gets_the_larger_of_its_clusters() -> None:
+    """The sampler's padding can put one image in two rows (two processes, or the same
+    one): its table entry does not depend on the order of the writes."""
+    loss = _loss(num_train_samples=5, num_clusters=[2], crops_for_mb=[0], kmeans_iters=0)
+    rows = nn.functional.normalize(
+        torch.tensor([[1.0, 0, 0, 0, 0], [0, 1.0, 0, 0, 0], [1.0, 0.1, 0, 0, 0]]), dim=1
+    )
+    loss._write_memory(torch.tensor([3, 1, 1]), [rows[[0, 1, 2]]])
+    loss.memory_ready = True
+    loss.cluster_memory(seed=0, epoch=0)
+    c = loss.centroids(0)
+    labels = [int((r @ c.t()).argmax()) for r in rows]
+    assert labels[1] != labels[2]  # the two rows of image 1 are in different clusters
+    table = loss.assignments[0].tolist()
+    assert table[1] == max(labels[1], labels[2]) and table[3] == labels[0]
+    assert table[0] == table[2] == table[4] == NO_ASSIGNMENT

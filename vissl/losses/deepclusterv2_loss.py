@@ -27,8 +27,10 @@ samples present in any process's memory, so every process starts alike without a
 broadcast and the draw does not depend on the number of processes; then ``kmeans_iters``
 times: assign each row to its centroid of highest dot product, move each non-empty
 centroid to the mean of its rows (sums and counts all-reduced over processes),
-normalise; a last assignment step gives ``a_h``. The assignments of all processes are
-gathered into the table ``assignments`` (``H x num_train_samples``, -100 where none).
+normalise; a last assignment step gives ``a_h``. The sums are one-hot products in
+float64, so a clustering has the same bits on every run, also on CUDA. The assignments of
+all processes are gathered into the table ``assignments`` (``H x num_train_samples``,
+-100 where none).
 
 **First epoch**: VISSL's choice. Before the first epoch :class:`InitMemoryHook
 <vissl.hooks.deepclusterv2_hooks.InitMemoryHook>` runs one forward pass (no gradients,
@@ -66,6 +68,8 @@ _KEY = "config.LOSS.deepclusterv2_loss"
 NO_ASSIGNMENT = -100
 #: Memory rows scored against the centroids at once (bounds the ``rows x K`` matrix).
 KMEANS_CHUNK_ROWS = 65536
+#: Elements of the one-hot ``K x rows`` matrix of one chunk of k-means sums.
+ONE_HOT_ELEMENTS = 1 << 23
 
 
 # --------------------------------------------------------------------------- checks
@@ -152,6 +156,23 @@ def nearest_centroid(
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def cluster_sums(embeddings: torch.Tensor, labels: torch.Tensor, num_clusters: int) -> torch.Tensor:
+    """``(K, D)`` float64 sums of the rows of each cluster, as one-hot products in chunks:
+    the same bits on every run, also on CUDA (``index_add_`` adds with atomics there, in
+    an order that changes from run to run)."""
+    n, dim = int(embeddings.shape[0]), int(embeddings.shape[1])
+    sums = torch.zeros(num_clusters, dim, dtype=torch.float64, device=embeddings.device)
+    chunk = max(1, ONE_HOT_ELEMENTS // num_clusters)
+    for s in range(0, n, chunk):
+        rows = labels[s : s + chunk]
+        one_hot = torch.zeros(
+            num_clusters, int(rows.shape[0]), dtype=torch.float64, device=embeddings.device
+        )
+        one_hot[rows, torch.arange(int(rows.shape[0]), device=embeddings.device)] = 1.0
+        sums += one_hot @ embeddings[s : s + chunk].double()
+    return sums
+
+
 @torch.no_grad()
 def spherical_kmeans(
     embeddings: torch.Tensor,
@@ -175,24 +196,22 @@ def spherical_kmeans(
         each process's rows' cluster indices.
     """
     k = int(initial_samples.shape[0])
-    dim = int(embeddings.shape[1])
     emb = embeddings.float()
     slot = torch.full((num_samples,), -1, dtype=torch.long, device=emb.device)
     slot[initial_samples] = torch.arange(k, device=emb.device)
     row_slot = slot[index]
     starts = row_slot >= 0
-    centroids = torch.zeros(k, dim, device=emb.device)
-    centroids.index_add_(0, row_slot[starts], emb[starts])
-    all_reduce_sum(centroids)
-    centroids = F.normalize(centroids, dim=1, p=2)
+    starting = cluster_sums(emb[starts], row_slot[starts], k)
+    all_reduce_sum(starting)
+    centroids = F.normalize(starting, dim=1, p=2).float()
     assignments = nearest_centroid(emb, centroids)
     for _ in range(int(num_iters)):
-        sums = torch.zeros(k, dim, device=emb.device).index_add_(0, assignments, emb)
+        sums = cluster_sums(emb, assignments, k)
         counts = torch.bincount(assignments, minlength=k)
         all_reduce_sum(sums)
         all_reduce_sum(counts)
         filled = counts > 0
-        means = sums / counts.clamp(min=1).unsqueeze(1).to(sums.dtype)
+        means = (sums / counts.clamp(min=1).unsqueeze(1).to(sums.dtype)).float()
         # an empty cluster keeps its centroid
         centroids = F.normalize(torch.where(filled.unsqueeze(1), means, centroids), dim=1, p=2)
         assignments = nearest_centroid(emb, centroids)
@@ -543,7 +562,11 @@ class DeepClusterV2Loss(nn.Module):
             all_rows = gather_from_all(rows)
             kept = all_index >= 0
             self.assignments[h].fill_(NO_ASSIGNMENT)
-            self.assignments[h][all_index[kept]] = all_rows[kept]
+            # an image in several rows (the sampler's padding repeats a few): the largest
+            # of its clusters, whatever the order of the writes
+            self.assignments[h].scatter_reduce_(
+                0, all_index[kept], all_rows[kept], reduce="amax", include_self=False
+            )
             counts = torch.bincount(all_rows[kept], minlength=k)
             sizes.append((int((counts > 0).sum()), k, int(counts.max())))
         self._copy_centroids_to_prototypes()
