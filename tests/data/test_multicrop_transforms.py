@@ -60,6 +60,22 @@ def test_probability_per_crop_type(prob, inverted):
         assert np.array_equal(crop, expected)
 
 
+def test_vissl_0_1_6_form_one_probability_per_crop_without_nmb_crops():
+    # VISSL 0.1.6's signature (its DINO and Barlow Twins quick configs): transforms and prob
+    entry = {"name": "ImgPilMultiCropRandomApply", "transforms": [INVERT], "prob": [0.0, 1.0, 0.0]}
+    reference = _crops([MULTICROP])
+    out = _crops([MULTICROP, entry])
+    for crop, ref, inv in zip(out, reference, [False, True, False]):
+        expected = np.asarray(ImageOps.invert(Image.fromarray(ref))) if inv else ref
+        assert np.array_equal(crop, expected)
+    with pytest.raises(ConfigError) as info:  # 2 probabilities for 3 crops
+        build_transforms([MULTICROP, {**entry, "prob": [0.0, 1.0]}])(_sample())
+    assert info.value.key_path == "config.DATA.TRAIN.TRANSFORMS[1].total_nmb_crops"
+    with pytest.raises(ConfigError) as info:  # one number needs the crop counts
+        build_transforms([MULTICROP, {**entry, "prob": 0.5}])
+    assert info.value.key_path == "config.DATA.TRAIN.TRANSFORMS[1].nmb_crops"
+
+
 def test_probability_is_respected_in_frequency():
     transform = build_transforms(
         [_apply([0.25, 0.75], nmb_crops=[100, 100], total_nmb_crops=200)]

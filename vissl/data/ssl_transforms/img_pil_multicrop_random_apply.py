@@ -15,7 +15,7 @@ from vissl.utils.registry import closest_match
 
 _DEFAULT_PATH = "config.DATA.<split>.TRANSFORMS[]"
 _KEYS = ("transforms", "prob", "nmb_crops", "total_nmb_crops")
-_REQUIRED = ("transforms", "prob", "nmb_crops")
+_REQUIRED = ("transforms", "prob")
 
 
 def _is_number(value: Any) -> bool:
@@ -42,6 +42,10 @@ class ImgPilMultiCropRandomApply:
           prob: [1.0, 0.1, 0.5]      # one probability per crop type
           total_nmb_crops: 8         # sum(nmb_crops); optional here (VISSL requires it)
           nmb_crops: [1, 1, 6]
+
+    VISSL 0.1.6's form, without ``nmb_crops``, gives one probability per crop
+    (``prob: [1.0, 0.1]`` for two crops): each crop is then its own type
+    (``nmb_crops: [1, 1]``). Both forms are accepted.
 
     Args:
         transforms: the transforms, each a ``DATA.<split>.TRANSFORMS``-style entry (built by
@@ -91,13 +95,25 @@ class ImgPilMultiCropRandomApply:
             if kwargs.get(key) is None:
                 raise ConfigError(
                     f"{key_path}.{key} is required by ImgPilMultiCropRandomApply "
-                    f"(keys: transforms, prob, nmb_crops, total_nmb_crops).",
+                    f"(keys: transforms, prob, and nmb_crops unless prob has one entry per "
+                    f"crop; total_nmb_crops optional).",
                     f"{key_path}.{key}",
                 )
+        nmb_crops = kwargs.get("nmb_crops")
+        if nmb_crops is None:
+            prob = kwargs["prob"]
+            if not isinstance(prob, Sequence) or isinstance(prob, str):
+                raise ConfigError(
+                    f"{key_path}.nmb_crops is required with a single prob ({prob!r}): give "
+                    "the number of crops of each type (as ImgPilToMultiCrop's num_crops), or "
+                    "one probability per crop (VISSL 0.1.6's form, e.g. prob: [1.0, 0.1]).",
+                    f"{key_path}.nmb_crops",
+                )
+            nmb_crops = [1] * len(prob)  # VISSL 0.1.6: one probability per crop
         return cls(
             transforms=kwargs["transforms"],
             prob=kwargs["prob"],
-            nmb_crops=kwargs["nmb_crops"],
+            nmb_crops=nmb_crops,
             total_nmb_crops=kwargs.get("total_nmb_crops"),
             key_path=key_path,
         )
