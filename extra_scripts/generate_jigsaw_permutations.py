@@ -6,7 +6,7 @@ all M! of them, then repeatedly add the permutation whose Hamming distance to th
 chosen so far is largest, on average (``--method max_avg``, the paper's and VISSL's
 default) or in the minimum (``max_min``); ties go to the first in lexicographic order.
 The distances are kept as running integer sums/minima, so 2000 permutations of 9
-patches take seconds. The first draw comes from ``--seed``: the same seed gives the same
+patches take about 15 s. The first draw comes from ``--seed``: the same seed gives the same
 file.
 
 The file is ``OUTPUT_DIR/hamming_perms_{N}_patches_{M}_{method}.npy`` (VISSL's name),

@@ -7,6 +7,10 @@ patch transforms, siamese_collator and ResNet-50 on a 300 x 400 image (a local f
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +27,7 @@ from vissl.data.ssl_transforms.ssl_transforms_wrapper import build_transforms
 from vissl.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
+from vissl.utils.hydra_config import hydra_compose_and_validate
 
 # config -> (images per step, peak lr, warm-up start, iterations per epoch)
 JIGSAW = {
@@ -92,6 +97,12 @@ def test_one_jigsaw_step_on_a_300_by_400_image(perms_2000: str) -> None:
     chain fit end to end: 9 patches of 64 px per image, 2000 logits per image."""
     name = "pretrain/jigsaw/jigsaw_8gpu_resnet50"
     cfg = _compose(name, f"config.DATA.TRAIN.TRANSFORMS.{SHUFFLE}.perm_file={perms_2000}")
+    data, logits = _one_step(cfg)
+    assert data.shape == (18, 3, 64, 64)
+    assert logits.shape == (2, 2000)
+
+
+def _one_step(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     model, loss, _, _ = _build(cfg)
     torch.manual_seed(0)
     chain = build_transforms(cfg.DATA.TRAIN.TRANSFORMS)
@@ -101,11 +112,38 @@ def test_one_jigsaw_step_on_a_300_by_400_image(perms_2000: str) -> None:
         samples.append(chain({"data": [image], "label": [0], "data_valid": [1], "data_idx": [i]}))
     out = build_collate_fn(cfg, "TRAIN")(samples)
     data, label = out["data"][0], out["label"][0]
-    assert data.shape == (18, 3, 64, 64)
     assert label.shape == (2,) and all(0 <= int(x) < 2000 for x in label)
     model.train()
     logits = model(data)
-    assert logits[0].shape == (2, 2000)
     value = loss(logits, label)
     value.backward()
     assert math.isfinite(value.item())
+    return data, logits[0]
+
+
+@pytest.mark.skipif(
+    not os.environ.get("VISSL_CONFIGS_DIR"),
+    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
+)
+def test_vissls_own_jigsaw_config_runs_a_step_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perms_2000: str
+) -> None:
+    """VISSL's pretrain/jigsaw/jigsaw_8gpu_resnet.yaml, but for its permutation URL (a
+    local file of 2000 instead): composes, builds and trains a step on the CPU."""
+    src = os.path.join(
+        os.environ["VISSL_CONFIGS_DIR"], "pretrain", "jigsaw", "jigsaw_8gpu_resnet.yaml"
+    )
+    dst = tmp_path / "configs" / "config" / "vissl_original"
+    dst.mkdir(parents=True)
+    shutil.copyfile(src, dst / "jigsaw_8gpu_resnet.yaml")
+    monkeypatch.chdir(tmp_path)  # Hydra also reads ./configs/config
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # VISSL's MMAP_MODE etc.
+        _, cfg = hydra_compose_and_validate(
+            [
+                "config=vissl_original/jigsaw_8gpu_resnet",
+                f"config.DATA.TRAIN.TRANSFORMS.{SHUFFLE}.perm_file={perms_2000}",
+            ]
+        )
+    data, logits = _one_step(cfg)
+    assert data.shape == (18, 3, 64, 64) and logits.shape == (2, 2000)
