@@ -105,6 +105,7 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
         "digits/moco_v3",
         "digits/vicreg",
         "digits/nnclr",
+        "digits/deepcluster_v2",
     ],
 )
 def test_method_digits_recipe_beats_random_init_on_the_knn_probe(

@@ -59,7 +59,13 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import find_head_params, head_output_dim, transform_num_crops
-from vissl.utils.distributed import all_reduce_sum, gather_from_all, get_rank, get_world_size
+from vissl.utils.distributed import (
+    all_reduce_sum,
+    gather_from_all,
+    get_rank,
+    get_world_size,
+    is_primary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -255,9 +261,11 @@ class DeepClusterV2Loss(nn.Module):
         world_size: int | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            temperature = float("nan")
-        if not temperature > 0:
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or not temperature > 0
+        ):
             raise ConfigError(
                 f"{_KEY}.temperature must be a number > 0, got {temperature!r}.",
                 f"{_KEY}.temperature",
@@ -567,17 +575,18 @@ class DeepClusterV2Loss(nn.Module):
             self.assignments[h].scatter_reduce_(
                 0, all_index[kept], all_rows[kept], reduce="amax", include_self=False
             )
-            counts = torch.bincount(all_rows[kept], minlength=k)
-            sizes.append((int((counts > 0).sum()), k, int(counts.max())))
+            if is_primary():  # (the same on every process)
+                counts = torch.bincount(all_rows[kept], minlength=k)
+                sizes.append((int((counts > 0).sum()), k, int(counts.max())))
         self._copy_centroids_to_prototypes()
         self.start_idx = 0
-        logger.info(
-            "rank %d: DeepCluster-v2 k-means (epoch %d) over %d samples: non-empty clusters %s",
-            get_rank(),
-            epoch,
-            int((self.assignments[0] != NO_ASSIGNMENT).sum()),
-            ", ".join(f"{used}/{k} (largest {top})" for used, k, top in sizes),
-        )
+        if is_primary():
+            logger.info(
+                "DeepCluster-v2 k-means (epoch %d) over %d samples: non-empty clusters %s",
+                epoch,
+                int((self.assignments[0] != NO_ASSIGNMENT).sum()),
+                ", ".join(f"{used}/{k} (largest {top})" for used, k, top in sizes),
+            )
 
     def centroids(self, head: int) -> torch.Tensor:
         return getattr(self, f"centroids{head}")  # type: ignore[no-any-return]
