@@ -53,6 +53,7 @@ setup(
         "dev": [
             "pytest>=7.4",
             "pytest-timeout>=2.1",
+            "pytest-xdist>=3.5",
             "ruff>=0.5",
             "mypy>=1.8",
             "matplotlib>=3.7",

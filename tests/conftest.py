@@ -8,7 +8,13 @@ import pytest
 import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")
-torch.set_num_threads(2)
+# Under pytest-xdist (``-n 2``, the README's command) each worker is one of the machine's
+# cores: one thread each, and the processes a test starts inherit OMP_NUM_THREADS=1.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(2)
 
 
 @pytest.fixture(autouse=True)
