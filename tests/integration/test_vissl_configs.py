@@ -14,6 +14,7 @@ import shutil
 import warnings
 
 import pytest
+import torch
 
 from tests.integration._runs import read_jsonl, run_config
 
@@ -75,3 +76,51 @@ def test_vissl_original_cpu_configs(tmp_path, monkeypatch, name):
         assert [p["train"] for p in task.phases] == [True, False, True, False]
     else:
         assert math.isfinite(task.phase_average_loss())
+
+
+# VISSL's quick_deepcluster_v2.yaml unchanged, but for what a CPU run without ImageNet
+# needs: the device, the backend, synthetic images, and fewer of them (ResNet-50 at 224 px
+# on a CPU); 2 processes as the file says (NUM_PROC_PER_NODE: 2, SyncBN).
+VISSL_DEEPCLUSTER_V2_CPU = [
+    "config.MACHINE.DEVICE=cpu",
+    "config.DISTRIBUTED.BACKEND=gloo",
+    "config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+    "config.DATA.TRAIN.DATA_LIMIT=32",  # 16 images per process: 1 step of 16
+    "config.DATA.NUM_DATALOADER_WORKERS=0",
+]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("VISSL_CONFIGS_DIR"),
+    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
+)
+def test_vissl_original_quick_deepcluster_v2(tmp_path, monkeypatch):
+    """Its keys are all accepted (the loss block's BATCHSIZE_PER_REPLICA and
+    num_train_samples, memory_params.crops_for_mb; the old DISTRIBUTED.DISTR_ON is
+    ignored with a warning, as VISSL ignores it); the run clusters the memory of both
+    processes and trains. 3 minutes on 2 cores (8 under heavy load)."""
+    from vissl.utils.checkpoint import load_checkpoint
+
+    name = "quick_deepcluster_v2"
+    src = os.path.join(os.environ["VISSL_CONFIGS_DIR"], "test", "integration_test", f"{name}.yaml")
+    assert os.path.isfile(src), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
+    dst = tmp_path / "configs" / "config" / "vissl_original"
+    dst.mkdir(parents=True)
+    shutil.copyfile(src, dst / f"{name}.yaml")
+    monkeypatch.chdir(tmp_path)  # CHECKPOINT.DIR "."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DISTR_ON, COPY_DESTINATION_DIR (not implemented)
+        run_config(f"vissl_original/{name}", *VISSL_DEEPCLUSTER_V2_CPU)
+    records = read_jsonl(str(tmp_path / "stdout.json"))
+    assert [r["iteration"] for r in records] == [1] and math.isfinite(records[0]["loss"])
+    classy = load_checkpoint(str(tmp_path / "model_final_checkpoint_phase0.torch"))[
+        "classy_state_dict"
+    ]
+    # num_train_samples 500 in the file; the run uses the data set's 32 (as VISSL does)
+    assert classy["loss"]["assignments"].shape == (3, 32)
+    assert (classy["loss"]["assignments"] >= 0).all()  # every sample clustered
+    assert classy["loss"]["centroids0"].shape == (10, 128)  # mlp head: 2048 -> 128
+    memories = [r["loss"]["local_memory_index"] for r in classy["per_rank"]]
+    assert len(memories) == 2 and sorted(torch.cat(memories).tolist()) == list(range(32))
