@@ -84,16 +84,13 @@ class InitMemoryHook(VisslHook):
         if loss.num_train_samples != dataset_size or (
             rows is not None and rows != loss.local_memory_size
         ):
-            # (the run sets num_train_samples from the data set before building the loss)
-            logger.warning(
-                "deepclusterv2_loss: memory sized for %d samples (%d rows per process), the "
-                "training data has %d (%s rows per process): allocating it again.",
-                loss.num_train_samples,
-                loss.local_memory_size,
-                dataset_size,
-                rows,
+            # the run sets num_train_samples from the data set before building the loss
+            raise RuntimeError(
+                f"deepclusterv2_loss: the memory is sized for {loss.num_train_samples} "
+                f"samples ({loss.local_memory_size} rows per process) but the training data "
+                f"has {dataset_size} ({rows} per process and epoch); build the loss with "
+                "num_train_samples = len(the training data set)."
             )
-            loss.allocate(dataset_size)
         if loss.memory_ready:
             if is_primary():
                 logger.info("DeepCluster-v2 memory restored from the checkpoint: no first pass")
