@@ -106,6 +106,8 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
         "digits/vicreg",
         "digits/nnclr",
         "digits/deepcluster_v2",
+        "digits/npid",
+        "digits/pirl",
     ],
 )
 def test_method_digits_recipe_beats_random_init_on_the_knn_probe(
