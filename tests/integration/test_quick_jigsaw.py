@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration._runs import read_jsonl, run_config
-from tests.integration.test_exact_resume import crash_generator
+from tests.integration._runs import crash_and_resume_states, read_jsonl
 from tests.integration.test_quick_dino_barlow import final_state, run_cli
-from tests.integration.test_quick_vicreg import assert_bitwise_equal
 
 pytestmark = pytest.mark.integration
 
@@ -55,17 +53,4 @@ RESUME = [
 
 
 def test_crash_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
-    full = tmp_path / "full"
-    run_config(QUICK, *RESUME, f"config.CHECKPOINT.DIR={full}")
-    crashed = tmp_path / "crashed"
-    with pytest.raises(Exception, match="simulated crash"):
-        run_config(
-            QUICK, *RESUME, f"config.CHECKPOINT.DIR={crashed}", hook_generator=crash_generator(7)
-        )
-    run_config(QUICK, *RESUME, f"config.CHECKPOINT.DIR={crashed}")
-    assert "resumed inside phase" in (crashed / "log.txt").read_text()
-    assert_bitwise_equal(final_state(full), final_state(crashed))
-    expected = {r["iteration"]: r["loss"] for r in read_jsonl(str(full / "stdout.json"))}
-    resumed = [r for r in read_jsonl(str(crashed / "stdout.json")) if r["iteration"] > 6]
-    assert [r["iteration"] for r in resumed][-2:] == [7, 8]
-    assert all(r["loss"] == expected[r["iteration"]] for r in resumed)
+    crash_and_resume_states(tmp_path, QUICK, RESUME, crash_after=7, checkpoint_at=6, last=8)
