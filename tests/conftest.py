@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    # xdist's workers ignore SIGINT, and an ignored signal stays ignored in the processes
+    # they start: the Ctrl-C tests need Python's default (KeyboardInterrupt) back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 else:
     torch.set_num_threads(2)
 

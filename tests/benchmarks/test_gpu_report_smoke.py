@@ -16,6 +16,8 @@ def _load() -> ModuleType:
     return load_benchmark("gpu_report.py")
 
 
+# about 90 s on 2 cores: behind `slow` (the report is a GPU benchmark)
+@pytest.mark.slow
 def test_tiny_report_has_every_row_with_positive_figures(capsys, tmp_path):
     bench = _load()
     out_json = tmp_path / "report.json"

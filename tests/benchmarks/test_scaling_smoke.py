@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.benchmarks._load import REPO, load_benchmark
 
 
@@ -23,6 +25,9 @@ def test_hook_generator_carries_its_settings_through_pickle():
     assert pickle.loads(pickle.dumps(hooks)) == hooks
 
 
+# minutes under spawn (each worker re-imports torch): behind `slow`; the settings
+# travelling through pickle, the spawn fix, is checked above
+@pytest.mark.slow
 def test_spawned_workers_report_images_per_second(tmp_path):
     out = tmp_path / "scaling.json"
     argv = [

@@ -168,6 +168,8 @@ class LogLossLrEtaHook(VisslHook):
                 total=total,
                 desc=desc,
                 initial=initial,
+                # read now, not when tqdm was imported (tqdm takes its TQDM_* defaults then)
+                disable=bool(os.environ.get("TQDM_DISABLE")),
                 file=stream,
                 dynamic_ncols=True,
                 leave=True,
