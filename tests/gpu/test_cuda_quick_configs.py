@@ -25,6 +25,12 @@ QUICK = [
     "test/integration_test/quick_moco_v3_vit",
     "test/integration_test/quick_vicreg",
     "test/integration_test/quick_nnclr",
+    "test/integration_test/quick_rotnet",
+    "test/integration_test/quick_jigsaw",
+    "test/integration_test/quick_colorization",
+    "test/integration_test/quick_npid",
+    "test/integration_test/quick_pirl",
+    "test/integration_test/quick_deepcluster_v2",
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]
