@@ -15,17 +15,9 @@ from tests.integration._runs import read_jsonl, run_config
 from tests.integration.test_exact_resume import crash_generator
 from tests.integration.test_quick_dino_barlow import SIGKILL_PLUGIN, final_state, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 QUICK = "test/integration_test/"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def assert_byol_checkpoint(state: dict[str, torch.Tensor]) -> None:

@@ -21,20 +21,11 @@ from tests.integration.test_exact_resume import crash_generator
 from vissl.hooks import VisslHook, default_hook_generator
 from vissl.utils.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 TOOL = os.path.join(REPO, "tools", "run_distributed_engines.py")
 QUICK = "test/integration_test/"
 DINO = QUICK + "quick_dino"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Models this small run fastest on one thread, and the test machine is shared.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

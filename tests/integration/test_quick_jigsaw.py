@@ -10,23 +10,14 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.integration._runs import crash_and_resume_states, read_jsonl
 from tests.integration.test_quick_dino_barlow import final_state, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 NAME = "quick_jigsaw"
 QUICK = "test/integration_test/" + NAME
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_quick_jigsaw_runs_unchanged_and_logs_the_permutation_accuracy(tmp_path: Path) -> None:

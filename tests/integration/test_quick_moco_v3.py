@@ -18,18 +18,10 @@ from tests.integration.test_exact_resume import crash_generator
 from tests.integration.test_quick_dino_barlow import SIGKILL_PLUGIN, final_state, run_cli
 from vissl.utils.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 QUICK = "test/integration_test/"
 PATCH = ("trunk.patch_embed.proj.weight", "trunk.patch_embed.proj.bias")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def assert_momentum_encoder(state: dict[str, torch.Tensor]) -> None:

@@ -17,23 +17,14 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.integration._runs import crash_and_resume_states, read_jsonl, run_config
 from tests.integration.test_quick_dino_barlow import final_state, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 NAME = "quick_pirl"
 QUICK = "test/integration_test/" + NAME
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_quick_pirl_runs_unchanged_with_two_inputs_and_two_heads(tmp_path: Path) -> None:

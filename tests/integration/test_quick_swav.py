@@ -9,18 +9,9 @@ import torch
 
 from tests.integration._runs import run_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 QUICK = "test/integration_test/"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Models this small run fastest on one thread, and the test machine is shared.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(name: str, tmp_path) -> object:
