@@ -185,27 +185,35 @@ class SigkillAt(VisslHook):
 '''
 
 
-@pytest.mark.slow
-def test_sigkill_and_resume_through_the_cli_is_bitwise_exact(tmp_path) -> None:
-    """A real kill -9 (no exception handling, no on_exception hooks) after iteration 7."""
+def sigkill_and_resume_cli(tmp_path: Path, args: list[str], iteration: int) -> tuple[Path, Path]:
+    """The CLI with ``args`` uninterrupted, then with a real kill -9 (no exception
+    handling, no on_exception hooks) right after ``iteration`` and the same command again
+    (auto-resume). Checks the kill left no final checkpoint and the rerun resumed inside
+    the phase; returns the two checkpoint folders (uninterrupted, killed) to compare."""
     plugin = tmp_path / "sigkill_plugin.py"
     plugin.write_text(SIGKILL_PLUGIN)
     full, killed = tmp_path / "full", tmp_path / "killed"
-    common = [f"config={DINO}", *RESUME]
-    proc = run_cli(tmp_path, *common, f"config.CHECKPOINT.DIR={full}")
+    proc = run_cli(tmp_path, *args, f"config.CHECKPOINT.DIR={full}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_cli(
         tmp_path,
-        *common,
+        *args,
         f"config.CHECKPOINT.DIR={killed}",
         f"config.IMPORTS=[{plugin}]",
-        "config.HOOKS.CUSTOM_HOOKS=[{name: sigkill_at, iteration: 7}]",
+        f"config.HOOKS.CUSTOM_HOOKS=[{{name: sigkill_at, iteration: {iteration}}}]",
     )
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert not list(killed.glob("model_final*"))
-    proc = run_cli(tmp_path, *common, f"config.CHECKPOINT.DIR={killed}")
+    proc = run_cli(tmp_path, *args, f"config.CHECKPOINT.DIR={killed}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed inside phase" in (killed / "log.txt").read_text()
+    return full, killed
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_through_the_cli_is_bitwise_exact(tmp_path) -> None:
+    """A real kill -9 (no exception handling, no on_exception hooks) after iteration 7."""
+    full, killed = sigkill_and_resume_cli(tmp_path, [f"config={DINO}", *RESUME], iteration=7)
     assert_bitwise_equal(final_state(full), final_state(killed))
 
 

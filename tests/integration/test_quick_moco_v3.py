@@ -15,7 +15,7 @@ import torch
 
 from tests.integration._runs import read_jsonl, run_config
 from tests.integration.test_exact_resume import crash_generator
-from tests.integration.test_quick_dino_barlow import SIGKILL_PLUGIN, final_state, run_cli
+from tests.integration.test_quick_dino_barlow import final_state, run_cli, sigkill_and_resume_cli
 from vissl.utils.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
@@ -104,21 +104,7 @@ def test_crash_and_resume_is_bitwise_exact(tmp_path: Path, name: str) -> None:
 @pytest.mark.parametrize("name", ["moco_v3", "moco_v3_vit"])
 def test_sigkill_and_resume_through_the_cli_is_bitwise_exact(tmp_path: Path, name: str) -> None:
     """A real kill -9 after iteration 7, then the same command again."""
-    plugin = tmp_path / "sigkill_plugin.py"
-    plugin.write_text(SIGKILL_PLUGIN)
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    common = [f"config={QUICK}quick_{name}", *RESUME]
-    proc = run_cli(tmp_path, *common, f"config.CHECKPOINT.DIR={full}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_cli(
-        tmp_path,
-        *common,
-        f"config.CHECKPOINT.DIR={killed}",
-        f"config.IMPORTS=[{plugin}]",
-        "config.HOOKS.CUSTOM_HOOKS=[{name: sigkill_at, iteration: 7}]",
+    full, killed = sigkill_and_resume_cli(
+        tmp_path, [f"config={QUICK}quick_{name}", *RESUME], iteration=7
     )
-    assert proc.returncode == -9, proc.stderr[-3000:]
-    proc = run_cli(tmp_path, *common, f"config.CHECKPOINT.DIR={killed}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed inside phase" in (killed / "log.txt").read_text()
     assert_bitwise_equal(final_state(full), final_state(killed))
