@@ -73,7 +73,6 @@ POLYMORPHIC = {
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
 VISSL_UNSUPPORTED_PREFIXES = (
     "MONITORING",
-    "CLUSTERFIT",
     "IMG_RETRIEVAL",
     "GEO_LOCALIZATION",
     "RANKING",

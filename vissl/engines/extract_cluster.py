@@ -16,8 +16,10 @@ dropped), to ``EXTRACT_FEATURES.OUTPUT_DIR`` (or the checkpoint folder)::
     {split}_cluster_inds.npy          (N,)   dataset indices, increasing
     {split}_cluster_targets.npy       (N, T) targets
     prototypes{h}.npy                 (K_h, D) the prototypes (the cluster centres)
+    cluster_config.yaml               the run's config (its data settings)
 
-:func:`load_cluster_assignments` reads them back.
+:func:`load_cluster_assignments` reads them back;
+``tools/cluster_assignments_to_dataset.py`` turns them into a ``disk_filelist`` data set.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from vissl.utils.logger import setup_logging, shutdown_logging
 logger = logging.getLogger(__name__)
 
 ASSIGNMENT_FILES = ("cluster_assignments", "cluster_inds", "cluster_targets")
+#: The run's resolved config, written next to the assignments.
+CONFIG_FILE = "cluster_config.yaml"
 
 
 def _swav_head(model: torch.nn.Module) -> Any:
@@ -95,6 +99,11 @@ def extract_cluster_main(cfg: Any, checkpoint_folder: str, local_rank: int = 0) 
         out_dir = str(cfg.EXTRACT_FEATURES.OUTPUT_DIR or checkpoint_folder)
         os.makedirs(out_dir, exist_ok=True)
         if is_primary():
+            from vissl.utils.hydra_config import config_to_yaml
+
+            # the data settings, for tools/cluster_assignments_to_dataset.py
+            with open(os.path.join(out_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
+                f.write(config_to_yaml(cfg))
             for h, layer in enumerate(head.prototype_layers()):
                 np.save(
                     os.path.join(out_dir, f"prototypes{h}.npy"),
