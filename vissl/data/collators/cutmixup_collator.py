@@ -132,8 +132,9 @@ def mix_settings(params: Mapping[str, Any], key_path: str = _KEY) -> MixSettings
         cutmix_alpha = 1.0
     if mixup_alpha == 0.0 and cutmix_alpha == 0.0:
         raise ConfigError(
-            f"{key_path}: neither mixup nor CutMix is on; set mixup_alpha > 0, "
-            "cutmix_alpha > 0 or cutmix_minmax (DeiT: mixup_alpha 0.8, cutmix_alpha 1.0).",
+            f"{key_path}.mixup_alpha and cutmix_alpha are both 0, so neither mixup nor "
+            "CutMix is on; set mixup_alpha > 0, cutmix_alpha > 0 or cutmix_minmax (DeiT: "
+            "mixup_alpha 0.8, cutmix_alpha 1.0).",
             f"{key_path}.mixup_alpha",
         )
     prob = _in_unit_interval(
