@@ -287,3 +287,44 @@ def test_values_are_checked_when_the_loader_is_built() -> None:
     with pytest.raises(ConfigError) as err:
         build_collate_fn(cfg, "TRAIN")
     assert err.value.key_path == "config.DATA.TRAIN.COLLATE_FUNCTION_PARAMS.mode"
+
+
+def test_batches_do_not_depend_on_the_data_loader_workers() -> None:
+    """The same (seed, epoch) gives the same mixed batches in the main process and in
+    workers: the mixing draws from the batch's seed, not from a process's generators."""
+    from vissl.data import get_loader
+
+    def batches(num_workers: int) -> list[dict[str, Any]]:
+        cfg = make_cfg(
+            {
+                "DATA_SOURCES": ["synthetic"],
+                "DATA_LIMIT": 16,
+                "BATCHSIZE_PER_REPLICA": 4,
+                "TRANSFORMS": [{"name": "RandAugment", "magnitude": 9}, {"name": "ToTensor"}],
+                "COLLATE_FUNCTION": "cutmixup_collator",
+                "COLLATE_FUNCTION_PARAMS": {
+                    "mixup_alpha": 0.8,
+                    "cutmix_alpha": 1.0,
+                    "num_classes": 10,
+                },
+            },
+            MULTI_PROCESSING_METHOD="fork",
+        )
+        cfg.DATA.NUM_DATALOADER_WORKERS = num_workers
+        loader = get_loader(
+            build_dataset(cfg, "TRAIN"),
+            cfg,
+            "TRAIN",
+            num_replicas=1,
+            rank=0,
+            seed=0,
+            device_is_cuda=False,
+        )
+        loader.sampler.set_epoch(1)
+        return list(loader)
+
+    main, in_workers = batches(0), batches(2)
+    assert len(main) == len(in_workers) == 4
+    for a, b in zip(main, in_workers, strict=True):
+        assert torch.equal(a["data"][0][0], b["data"][0][0])
+        assert torch.equal(a["label"][0], b["label"][0])
