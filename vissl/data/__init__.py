@@ -80,7 +80,8 @@ def build_collate_fn(cfg: AttrDict, split: str) -> Any:
 
     Raises:
         UnknownNameError: an unknown collator name.
-        ConfigError: parameters the collator does not accept.
+        ConfigError: parameters the collator does not accept, or values its
+            ``check_params(params, key_path=...)`` attribute, if any, rejects.
     """
     split_cfg = cfg["DATA"][split]
     name = split_cfg_value(split_cfg, "COLLATE_FUNCTION", "default_collate")
@@ -97,6 +98,11 @@ def build_collate_fn(cfg: AttrDict, split: str) -> Any:
         ) from err
     except ValueError:
         pass  # no signature available (builtins): let the call decide
+    check = getattr(fn, "check_params", None)
+    if callable(check):
+        # a collator that checks its values here fails at build, naming the key, rather
+        # than in a data loader worker at the first batch
+        check(params, key_path=key)
     return functools.partial(fn, **params)
 
 

@@ -15,7 +15,7 @@ number of samples; those repeats carry ``padding=True`` and the dataset marks th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,6 +39,32 @@ def sample_seed(base_seed: int, epoch: int, index: int) -> int:
     return int(
         np.random.SeedSequence([int(base_seed), int(epoch), int(index)]).generate_state(1)[0]
     )
+
+
+#: the first entropy word of a batch seed, so it never equals a sample's (``sample_seed``)
+_BATCH_STREAM = 0x62617463
+
+
+def batch_seed(base_seed: int, keys: Sequence[Any]) -> int | None:
+    """The seed of a batch's own random draws (e.g. ``cutmixup_collator``'s mixing).
+
+    A hash of (base seed, epoch, the batch's indices in order), so it is the same with any
+    number of data loader workers and after a resume. None when ``keys`` are bare indices
+    (no epoch is known).
+    """
+    if not keys or not all(isinstance(k, tuple) and len(k) >= 2 for k in keys):
+        return None
+    entropy = [_BATCH_STREAM, int(base_seed), int(keys[0][1]), *(int(k[0]) for k in keys)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+class SeededSamples(list):  # type: ignore[type-arg]
+    """The samples of one batch (a plain list to every collator) with ``seed``, the seed of
+    the batch's own random draws (:func:`batch_seed`)."""
+
+    def __init__(self, samples: Iterable[Any], seed: int) -> None:
+        super().__init__(samples)
+        self.seed = int(seed)
 
 
 class StatefulDistributedSampler(DistributedSampler):  # type: ignore[type-arg]

@@ -25,7 +25,13 @@ from vissl.data.device_decode import (
     pack_views,
     plan_decode_head,
 )
-from vissl.data.samplers import PADDING_DATA_VALID, SampleKey, sample_seed
+from vissl.data.samplers import (
+    PADDING_DATA_VALID,
+    SampleKey,
+    SeededSamples,
+    batch_seed,
+    sample_seed,
+)
 from vissl.data.ssl_transforms import build_transforms
 from vissl.data.ssl_transforms.device_path import SUPPORTED_COLLATORS, plan_device_path
 from vissl.data.ssl_transforms.seeding import seeded_rng  # re-exported: its old home
@@ -478,14 +484,19 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
         return pack_views([sample])[0] if self._decoding else sample
 
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> list[dict[str, Any]]:
-        """The samples of a batch (the ``DataLoader`` fetches a batch with this).
+        """The samples of a batch (the ``DataLoader`` fetches a batch with this); for the
+        sampler's keys, a :class:`~vissl.data.samplers.SeededSamples` list that carries the
+        batch's seed for collators that draw at random.
 
         With ``DECODE_ON_DEVICE`` the batch's planned views are packed together into
         ``uint8`` rows, the batch's files spread over them
         (:func:`~vissl.data.device_decode.pack_views`): collate the result of one call.
         """
         if not self._decoding:  # what the DataLoader does without this method
-            return [self[key] for key in keys]
+            samples = [self[key] for key in keys]
+            # a collator that draws at random per batch (cutmixup) seeds from this
+            seed = batch_seed(self.seed, keys)
+            return samples if seed is None else SeededSamples(samples, seed)
         return pack_views([self._fetch(key) for key in keys])
 
     def _fetch(self, key: int | SampleKey) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,8 +13,13 @@ from vissl.errors import ConfigError
 from vissl.optimizers import OPTIMIZER_REGISTRY
 from vissl.optimizers._checks import get_bool, get_number, get_section
 from vissl.optimizers.larc import LARC
-from vissl.optimizers.param_groups import get_optimizer_param_groups
+from vissl.optimizers.param_groups import (
+    PARAM_GROUP_CONSTRUCTOR_REGISTRY,
+    get_param_group_constructor,
+)
 from vissl.optimizers.param_scheduler.scheduler_set import ParamSchedulerSet, build_param_schedulers
+
+logger = logging.getLogger(__name__)
 
 _PATH = "config.OPTIMIZER"
 
@@ -67,11 +73,67 @@ def _without_auto_scaling(optimizer_config: Mapping[str, Any]) -> dict[str, Any]
     return cfg
 
 
+def build_param_groups(
+    optimizer_config: Mapping[str, Any],
+    model: nn.Module,
+    lrs: Mapping[str, float],
+    model_config: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The param groups of ``OPTIMIZER.param_group_constructor``, each with its initial
+    ``lr`` (its schedule's value in ``lrs`` times its ``lr_scale``) and ``is_head``.
+
+    Raises:
+        UnknownNameError: an unregistered constructor name.
+        ConfigError: settings the constructor rejects, or that contradict it.
+    """
+    key = f"{_PATH}.param_group_constructor"
+    name = optimizer_config.get("param_group_constructor") or "default"
+    if not isinstance(name, str):
+        raise ConfigError(f"{key} must name a param-group constructor, got {name!r}.", key)
+    constructor = get_param_group_constructor(name)
+    if name != "default":
+        if get_bool(optimizer_config, "construct_single_param_group_only", _PATH):
+            raise ConfigError(
+                f"{_PATH}.construct_single_param_group_only is true, but {key} is {name!r}: "
+                "one group for every parameter is the 'default' constructor's option. Set "
+                "one of them back.",
+                key,
+            )
+        head = get_section(optimizer_config, "head_optimizer_params", _PATH)
+        for option in ("use_different_lr", "use_different_wd"):
+            if get_bool(head, option, f"{_PATH}.head_optimizer_params"):
+                logger.warning(
+                    "%s.head_optimizer_params.%s is not used by %s %r (as in VISSL): its "
+                    "groups follow param_schedulers.lr and its own weight decays.",
+                    _PATH,
+                    option,
+                    key,
+                    name,
+                )
+    groups = constructor(model, model_config, optimizer_config)
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and "params" in g for g in groups
+    ):
+        raise TypeError(
+            f"param-group constructor {name!r} ({PARAM_GROUP_CONSTRUCTOR_REGISTRY.origin(name)}) "
+            "must return a list of dicts with 'params'."
+        )
+    if not groups:
+        raise ValueError("the model has no trainable parameter (requires_grad=True) to optimize.")
+    for group in groups:
+        group.setdefault("is_head", False)
+        group.setdefault("param_group_name", name)
+        scale = float(group.setdefault("lr_scale", 1.0))
+        group["lr"] = lrs["lr_head" if group["is_head"] else "lr"] * scale
+    return groups
+
+
 def build_optimizer(
     optimizer_config: Mapping[str, Any],
     model: nn.Module,
     *,
     param_schedulers: ParamSchedulerSet | None = None,
+    model_config: Mapping[str, Any] | None = None,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named by ``OPTIMIZER.name`` over ``model``'s param groups.
 
@@ -83,10 +145,13 @@ def build_optimizer(
             ``param_schedulers.weight_decay`` is set). Without them the unscaled config
             values are used as placeholders: call ``ParamSchedulerSet.apply`` before the
             first step.
+        model_config: ``config.MODEL``, for the param-group constructors that read it
+            (``lr_decay``: the trunk and its depth).
 
     Returns:
         The torch optimizer, wrapped in :class:`LARC` when ``use_larc`` is true. Every param
-        group carries ``is_head`` and ``param_group_name``.
+        group carries ``is_head``, ``param_group_name`` and ``lr_scale`` (see
+        :mod:`vissl.optimizers.param_groups`).
 
     Raises:
         UnknownNameError: an unregistered optimizer name.
@@ -103,9 +168,7 @@ def build_optimizer(
     larc_config = get_section(optimizer_config, "larc_config", _PATH)
     schedules = _schedules_or_placeholders(optimizer_config, param_schedulers)
     lrs = _initial_lrs(schedules)
-    param_groups = get_optimizer_param_groups(
-        model, optimizer_config, lr=lrs["lr"], lr_head=lrs["lr_head"]
-    )
+    param_groups = build_param_groups(optimizer_config, model, lrs, model_config)
     optimizer = builder(optimizer_config, param_groups)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(

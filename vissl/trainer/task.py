@@ -226,7 +226,10 @@ class SelfSupervisionTask:
                 num_nodes=int(cfg.DISTRIBUTED.NUM_NODES),
             )
             self.optimizer = build_optimizer(
-                cfg.OPTIMIZER, self.base_model, param_schedulers=self.param_schedulers
+                cfg.OPTIMIZER,
+                self.base_model,
+                param_schedulers=self.param_schedulers,
+                model_config=cfg.MODEL,
             )
         self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
         self.grad_reducer = build_gradient_reducer_from_config(cfg, world_size)

@@ -138,10 +138,15 @@ class ParamSchedulerSet:
         """Whether the ``weight_decay`` schedule sets this group's weight decay.
 
         True for the regularized groups (see the module docstring), by their
-        ``param_group_name``, when a weight-decay schedule is set.
+        ``param_group_name``, when a weight-decay schedule is set; a group's own
+        ``weight_decay_scheduled`` (set by the ``dino``, ``lr_decay`` and
+        ``linear_eval_heads`` constructors) decides instead when present.
         """
         if not self.has_weight_decay:
             return False
+        explicit = param_group.get("weight_decay_scheduled")
+        if explicit is not None:
+            return bool(explicit)
         name = param_group.get("param_group_name")
         if name == "head_regularized":
             return self.head_follows_weight_decay
@@ -150,7 +155,8 @@ class ParamSchedulerSet:
     def apply(self, optimizer: Optimizer, where: float, interval: str | None) -> None:
         """Set the ``lr`` (and scheduled ``weight_decay``) of the groups due at ``interval``.
 
-        ``param_group["lr"]`` follows the group's learning-rate schedule; the
+        ``param_group["lr"]`` follows the group's learning-rate schedule (times the
+        group's ``lr_scale``, 1 when absent: layer-wise decay, per-head rates); the
         ``weight_decay`` of regularized groups follows the ``weight_decay`` schedule, if
         any. Each is updated only when its schedule's update interval is ``interval``.
 
@@ -174,7 +180,7 @@ class ParamSchedulerSet:
                 lr = values.get(name)
                 if lr is None:
                     lr = values[name] = float(self._schedulers[name](w))
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             if schedule_wd and self.follows_weight_decay(group):
                 wd = values.get("weight_decay")
                 if wd is None:

@@ -1,4 +1,4 @@
-"""Optimizer parameter groups, as VISSL's default param-group constructor makes them.
+"""``default``: the optimizer parameter groups of VISSL's default param-group constructor.
 
 Every trainable parameter falls into one of four groups:
 
@@ -24,10 +24,11 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.optimizers._checks import get_bool, get_number, get_section
+from vissl.optimizers.param_groups import register_param_group_constructor
 
 _PATH = "config.OPTIMIZER"
 
-_NORM_TYPES: tuple[type[nn.Module], ...] = (
+NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._NormBase,  # BatchNorm*, SyncBatchNorm, InstanceNorm*
     nn.LayerNorm,
     nn.GroupNorm,
@@ -45,7 +46,7 @@ def is_head_parameter(name: str) -> bool:
     return name.startswith("heads.")
 
 
-def _is_bias(param_name: str) -> bool:
+def is_bias(param_name: str) -> bool:
     return param_name == "bias" or param_name.endswith("_bias")
 
 
@@ -57,6 +58,22 @@ def head_weight_decay(optimizer_config: Mapping[str, Any]) -> float:
     if get_bool(head, "use_different_wd", head_path):
         return get_number(head, "weight_decay", head_path, min_value=0.0)
     return weight_decay
+
+
+def non_regularized_substrings(optimizer_config: Mapping[str, Any]) -> list[str]:
+    """``non_regularized_parameters``: a parameter whose name contains one gets no decay.
+
+    Raises:
+        ConfigError: it is not a list of strings.
+    """
+    non_regularized = optimizer_config.get("non_regularized_parameters") or []
+    if isinstance(non_regularized, str) or not all(isinstance(s, str) for s in non_regularized):
+        raise ConfigError(
+            f"{_PATH}.non_regularized_parameters must be a list of parameter-name substrings, "
+            f"got {non_regularized!r}.",
+            f"{_PATH}.non_regularized_parameters",
+        )
+    return [s for s in non_regularized if s]
 
 
 def get_optimizer_param_groups(
@@ -82,19 +99,13 @@ def get_optimizer_param_groups(
     wd_head = head_weight_decay(optimizer_config)
     regularize_bn = get_bool(optimizer_config, "regularize_bn", _PATH, default=False)
     regularize_bias = get_bool(optimizer_config, "regularize_bias", _PATH, default=True)
-    non_regularized = optimizer_config.get("non_regularized_parameters") or []
-    if isinstance(non_regularized, str) or not all(isinstance(s, str) for s in non_regularized):
-        raise ConfigError(
-            f"{_PATH}.non_regularized_parameters must be a list of parameter-name substrings, "
-            f"got {non_regularized!r}.",
-            f"{_PATH}.non_regularized_parameters",
-        )
+    non_regularized = non_regularized_substrings(optimizer_config)
     lr_head = lr if lr_head is None else lr_head
 
     buckets: dict[str, list[nn.Parameter]] = {name: [] for name in GROUP_NAMES}
     seen: set[int] = set()
     for module_name, module in model.named_modules():
-        is_norm = isinstance(module, _NORM_TYPES)
+        is_norm = isinstance(module, NORM_TYPES)
         for param_name, param in module.named_parameters(recurse=False):
             if id(param) in seen:
                 continue
@@ -102,14 +113,14 @@ def get_optimizer_param_groups(
             if not param.requires_grad:
                 continue
             full_name = f"{module_name}.{param_name}" if module_name else param_name
-            bias = _is_bias(param_name)
+            bias = is_bias(param_name)
             if is_norm:
                 regularized = regularize_bn and (regularize_bias or not bias)
             elif bias:
                 regularized = regularize_bias
             else:
                 regularized = True
-            if any(s and s in full_name for s in non_regularized):
+            if any(s in full_name for s in non_regularized):
                 regularized = False
             part = "head" if is_head_parameter(full_name) else "trunk"
             buckets[f"{part}_{'regularized' if regularized else 'unregularized'}"].append(param)
@@ -149,3 +160,11 @@ def get_optimizer_param_groups(
                 }
             )
     return groups
+
+
+@register_param_group_constructor("default")
+def default_param_groups(
+    model: nn.Module, model_config: Mapping[str, Any] | None, optimizer_config: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """VISSL's ``default`` constructor: :func:`get_optimizer_param_groups`."""
+    return get_optimizer_param_groups(model, optimizer_config)
