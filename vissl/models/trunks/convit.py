@@ -194,7 +194,8 @@ class GPSA(nn.Module):
             self._positions[key] = cached
         return cached.to(ref.dtype)
 
-    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """The gated attention weights (N, heads, L, L) of tokens ``x`` on ``grid``."""
         n, length, dim = x.shape
         head_dim = dim // self.num_heads
         qk = self.qk(x).reshape(n, length, 2, self.num_heads, head_dim).permute(2, 0, 3, 1, 4)
@@ -204,8 +205,12 @@ class GPSA(nn.Module):
         content = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
         gate = torch.sigmoid(self.alpha)
         attn = (1.0 - gate) * content + gate * positional
-        attn = self.attn_drop(attn / attn.sum(dim=-1, keepdim=True))
-        v = self.v(x).reshape(n, length, self.num_heads, head_dim).transpose(1, 2)
+        return attn / attn.sum(dim=-1, keepdim=True)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        n, length, dim = x.shape
+        attn = self.attn_drop(self.attention(x, grid))
+        v = self.v(x).reshape(n, length, self.num_heads, dim // self.num_heads).transpose(1, 2)
         out = (attn @ v).transpose(1, 2).reshape(n, length, dim)
         return self.proj_drop(self.proj(out))
 
@@ -312,7 +317,7 @@ class ConViT(nn.Module):
         used = {"QKV_BIAS": s.qkv_bias, "QK_SCALE": s.qk_scale}
         given = {"QKV_BIAS": p.raw("QKV_BIAS"), "QK_SCALE": p.raw("QK_SCALE") or None}
         for key, value in given.items():
-            if value != used[key]:
+            if value != used[key] and p.raw(key) != DEFAULTS[key]:
                 logger.warning(
                     "%s=%r is not used: as in VISSL, ConViT takes "
                     "config.MODEL.TRUNK.VISION_TRANSFORMERS.%s (%r).",
