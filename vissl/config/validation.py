@@ -56,6 +56,8 @@ POLYMORPHIC = {
     "MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME": (str, list),
     # False: 1/sqrt(head dim); a number: that scale
     "MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE": (bool, int, float),
+    # False: no layer scale; a number: its initial value
+    "MODEL.TRUNK.BEIT.INIT_VALUES": (bool, int, float),
     "DISTRIBUTED.NCCL_SOCKET_NTHREADS": (int, str),
     "DISTRIBUTED.RUN_ID": (str, int),
     "LOSS.cross_entropy_multiple_output_single_target.weight": (list, type(None)),
@@ -80,14 +82,6 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "MODEL.SHARDED_DDP_SETUP",
     "MODEL.FSDP_CONFIG",
     "MODEL.MODEL_COMPLEXITY",
-    "MODEL.TRUNK.EFFICIENT_NETS",
-    "MODEL.TRUNK.CONVIT",
-    "MODEL.TRUNK.XCIT",
-    "MODEL.TRUNK.SWIN_TRANSFORMER",
-    "MODEL.TRUNK.BEIT",
-    "MODEL.TRUNK.CONVNEXT",
-    "MODEL.TRUNK.MOBILE_NET",
-    "MODEL.TRUNK.RESNETS_SK",
     "OPTIMIZER.use_zero",
     "EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME",
     "DATA.TRAIN.STRATIFIED_SAMPLER",

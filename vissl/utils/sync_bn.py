@@ -106,6 +106,27 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return x * scale.to(x.dtype).view(shape) + shift.to(x.dtype).view(shape)
 
 
+class CpuSyncBatchNormAct(CpuSyncBatchNorm):
+    """:class:`CpuSyncBatchNorm` that keeps the dropout and activation of a timm norm-act
+    layer (``BatchNormAct2d``, in timm's EfficientNet and MobileNet models), which a plain
+    conversion would drop. Same state-dict names as the layer it replaces."""
+
+    def __init__(self, num_features: int, *args: Any, drop: nn.Module, act: nn.Module) -> None:
+        super().__init__(num_features, *args)
+        self.drop = drop
+        self.act = act
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(super().forward(input)))
+
+
+def _is_norm_act(module: nn.Module) -> bool:
+    """A BatchNorm with an activation inside (timm's ``BatchNormAct2d``)."""
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and isinstance(
+        getattr(module, "act", None), nn.Module
+    )
+
+
 def _group_size(config: Any, world_size: int) -> int:
     sync = config.MODEL.SYNC_BN_CONFIG
     group_size = int(sync.GROUP_SIZE)
@@ -166,7 +187,13 @@ def convert_sync_batchnorm(model: nn.Module, config: Any, device: torch.device) 
         )
     group_size = _group_size(config, world_size)
     process_group = _process_group(group_size, world_size)
-    if device.type == "cuda":
+    if device.type == "cuda" and any(_is_norm_act(m) for m in model.modules()):
+        # timm's converter keeps the activation of its norm-act layers (torch's drops it)
+        from timm.layers import convert_sync_batchnorm as timm_convert_sync_batchnorm
+
+        converted = timm_convert_sync_batchnorm(model, process_group=process_group)
+        impl = "torch.nn.SyncBatchNorm (timm's norm-act layers: timm's SyncBatchNormAct)"
+    elif device.type == "cuda":
         converted = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=process_group)
         impl = "torch.nn.SyncBatchNorm"
     else:
@@ -181,14 +208,24 @@ def _convert(module: nn.Module, process_group: Any) -> nn.Module:
     if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
         module, nn.SyncBatchNorm | CpuSyncBatchNorm
     ):
-        new = CpuSyncBatchNorm(
-            module.num_features,
+        args = (
             module.eps,
             module.momentum,
             module.affine,
             module.track_running_stats,
             process_group,
         )
+        new: CpuSyncBatchNorm
+        if _is_norm_act(module):
+            drop = getattr(module, "drop", None)
+            new = CpuSyncBatchNormAct(
+                module.num_features,
+                *args,
+                drop=drop if isinstance(drop, nn.Module) else nn.Identity(),
+                act=module.act,  # type: ignore[arg-type]
+            )
+        else:
+            new = CpuSyncBatchNorm(module.num_features, *args)
         if module.affine:
             with torch.no_grad():
                 new.weight = module.weight
@@ -207,4 +244,4 @@ def _convert(module: nn.Module, process_group: Any) -> nn.Module:
     return module
 
 
-__all__ = ["CpuSyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["CpuSyncBatchNorm", "CpuSyncBatchNormAct", "convert_sync_batchnorm"]

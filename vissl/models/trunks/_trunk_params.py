@@ -1,0 +1,203 @@
+"""Shared pieces of VISSL's named trunks: reading a ``MODEL.TRUNK.<FAMILY>`` block with
+typed errors naming the key path, resolving feature names, importing timm.
+
+Private (not imported by the trunk registry's auto-import): the trunks import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from vissl.errors import ConfigError
+from vissl.models.model_helpers import cfg_get
+
+#: Where evaluation names the trunk features it wants.
+FEATURES_KEY = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"
+_CHECKPOINT_KEY = "ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"
+
+
+class TrunkParams:
+    """The values of one ``MODEL.TRUNK.<FAMILY>`` block over its defaults, read with checks.
+
+    Every getter raises a :class:`ConfigError` naming ``config.MODEL.TRUNK.<FAMILY>.<key>``,
+    the bad value and what is expected.
+
+    Args:
+        model_config: config.MODEL.
+        family: the block's name under MODEL.TRUNK, e.g. ``CONVNEXT``.
+        defaults: every key of the block with its default (vissl/config/defaults.yaml).
+
+    Raises:
+        ConfigError: the block is not a mapping, or has a key that is not in ``defaults``.
+    """
+
+    def __init__(
+        self, model_config: Mapping[str, Any] | None, family: str, defaults: Mapping[str, Any]
+    ) -> None:
+        self.key = f"config.MODEL.TRUNK.{family}"
+        block = cfg_get(model_config, f"TRUNK.{family}", None)
+        if block is None:
+            block = {}
+        if not isinstance(block, Mapping):
+            raise ConfigError(
+                f"{self.key} must be a mapping of {sorted(defaults)}; got {block!r}.", self.key
+            )
+        unknown = sorted(str(k) for k in block if k not in defaults)
+        if unknown:
+            raise ConfigError(
+                f"{self.key}.{unknown[0]} is not a key of {self.key}; its keys are "
+                f"{sorted(defaults)}.",
+                f"{self.key}.{unknown[0]}",
+            )
+        self.values: dict[str, Any] = {**defaults, **block}
+
+    def path(self, name: str) -> str:
+        """The full key path of ``name``."""
+        return f"{self.key}.{name}"
+
+    def error(self, name: str, why: str) -> ConfigError:
+        """A ConfigError for key ``name``: its path, its value and ``why``."""
+        return ConfigError(f"{self.path(name)}={self.values[name]!r}: {why}", self.path(name))
+
+    def raw(self, name: str) -> Any:
+        """The value as given (no check)."""
+        return self.values[name]
+
+    def integer(self, name: str, minimum: int = 1) -> int:
+        """An integer >= ``minimum``."""
+        value = self.values[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(name, f"must be an integer >= {minimum}.")
+        return value
+
+    def number(
+        self, name: str, low: float | None = None, high: float | None = None, strict: bool = False
+    ) -> float:
+        """A number in [low, high] (``strict``: > low)."""
+        value = self.values[name]
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and low is not None:
+            ok = value > low if strict else value >= low
+        if ok and high is not None:
+            ok = value <= high
+        if not ok:
+            lo = "" if low is None else (f"> {low}" if strict else f">= {low}")
+            hi = "" if high is None else f"<= {high}"
+            bounds = " and ".join(b for b in (lo, hi) if b)
+            raise self.error(name, f"must be a number{' ' + bounds if bounds else ''}.")
+        return float(value)
+
+    def rate(self, name: str) -> float:
+        """A probability in [0, 1) (0 turns it off)."""
+        value = self.values[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise self.error(name, "must be a number in [0, 1) (a probability; 0 turns it off).")
+        return float(value)
+
+    def flag(self, name: str) -> bool:
+        """True or False."""
+        value = self.values[name]
+        if not isinstance(value, bool):
+            raise self.error(name, "must be True or False.")
+        return value
+
+    def int_list(self, name: str, length: int | None = None, minimum: int = 1) -> list[int]:
+        """A list of integers >= ``minimum`` (of ``length`` entries when given)."""
+        value = self.values[name]
+        ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+        ok = ok and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value
+        )
+        if ok and length is not None:
+            ok = len(value) == length
+        if not ok:
+            size = f"{length} " if length is not None else ""
+            raise self.error(name, f"must be a list of {size}integers >= {minimum}.")
+        return [int(v) for v in value]
+
+    def choice(self, name: str, choices: Sequence[Any]) -> Any:
+        """One of ``choices``."""
+        value = self.values[name]
+        if value not in choices:
+            raise self.error(name, f"must be one of {list(choices)}.")
+        return value
+
+    def no_qk_scale(self, name: str = "QK_SCALE") -> None:
+        """Refuse a QK_SCALE other than False/null: timm's attention scales by
+        1/sqrt(head dim), the value VISSL's False means."""
+        value = self.values[name]
+        if value is False or value is None:
+            return
+        raise self.error(
+            name,
+            "this trunk's attention (timm's) always scales by 1/sqrt(head dim), the value "
+            "of QK_SCALE: False; a custom scale is not supported. Set it to False.",
+        )
+
+
+def import_timm(trunk: str) -> ModuleType:
+    """The ``timm`` module, or a ConfigError naming MODEL.TRUNK.NAME when it is missing."""
+    try:
+        return importlib.import_module("timm")
+    except ImportError as err:
+        raise ConfigError(
+            f"config.MODEL.TRUNK.NAME={trunk} is built on the timm library, which is not "
+            f"installed ({err}); install it with `pip install timm` (or `pip install "
+            "vissl[timm]`).",
+            "config.MODEL.TRUNK.NAME",
+        ) from err
+
+
+def resolve_features(
+    out_feat_keys: Sequence[str] | None,
+    available: Sequence[str],
+    default: str,
+    trunk: str,
+    aliases: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The requested feature names (aliases replaced), ``[default]`` when none is asked for.
+
+    Raises:
+        ConfigError: a name the trunk does not have (names LINEAR_EVAL_FEAT_POOL_OPS_MAP).
+    """
+    alias = dict(aliases or {})
+    names = [alias.get(n, n) for n in (list(out_feat_keys) if out_feat_keys else [default])]
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        shown = list(available) + [f"{a} (= {t})" for a, t in alias.items()]
+        raise ConfigError(
+            f"the {trunk} trunk has no feature named {unknown[0]!r}; its features are "
+            f"{shown}. Fix the names in {FEATURES_KEY}.",
+            FEATURES_KEY,
+        )
+    return names
+
+
+def checkpointing_on(model_config: Mapping[str, Any] | None) -> bool:
+    """MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING."""
+    return bool(cfg_get(model_config, _CHECKPOINT_KEY, False))
+
+
+def maybe_checkpoint(
+    fn: Callable[..., torch.Tensor], enabled: bool, owner: nn.Module, *args: Any
+) -> torch.Tensor:
+    """``fn(*args)``, with its activations recomputed in the backward pass when
+    ``enabled`` and ``owner`` trains with gradients."""
+    if enabled and owner.training and torch.is_grad_enabled():
+        out = checkpoint(fn, *args, use_reentrant=False)
+        assert isinstance(out, torch.Tensor)
+        return out
+    return fn(*args)
+
+
+def tokens_to_map(tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(N, h*w, D) patch tokens -> an (N, D, h, w) map."""
+    n, _, dim = tokens.shape
+    return tokens.transpose(1, 2).reshape(n, dim, *grid)
