@@ -51,7 +51,7 @@ def visible_count(mask: torch.Tensor) -> int:
             form one batch), or a row hides every patch.
     """
     counts = (~mask).sum(dim=1)
-    low, high = (int(v) for v in torch.aminmax(counts))
+    low, high = torch.stack(torch.aminmax(counts)).tolist()  # one read for both
     if low != high:
         raise ValueError(
             f"the patch masks of the batch keep between {low} and {high} visible patches; "
