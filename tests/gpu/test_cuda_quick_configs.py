@@ -31,6 +31,7 @@ QUICK = [
     "test/integration_test/quick_npid",
     "test/integration_test/quick_pirl",
     "test/integration_test/quick_deepcluster_v2",
+    "test/integration_test/quick_mae",
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]

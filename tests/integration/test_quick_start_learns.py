@@ -57,11 +57,11 @@ def _pretrain(folder: Path, *overrides: str, config: str = "quick_start") -> str
     return final
 
 
-def _knn(folder: Path, params_file: str) -> tuple[float, np.ndarray]:
+def _knn(folder: Path, params_file: str, knn_config: str = KNN_CONFIG) -> tuple[float, np.ndarray]:
     """kNN top-1 error (%) of the probe and the TEST features it used."""
     out = _tool(
         "nearest_neighbor_test.py",
-        KNN_CONFIG,
+        knn_config,
         f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={params_file}",
         f"config.CHECKPOINT.DIR={folder}",
     )
@@ -117,3 +117,13 @@ def test_method_digits_recipe_beats_random_init_on_the_knn_probe(
     err, _ = _knn(tmp_path / "knn", final)
     rand_err, _ = _knn(tmp_path / "knn_random", "")
     assert err < rand_err, f"{config} {err:.2f}% vs random init {rand_err:.2f}% kNN error"
+
+
+@pytest.mark.slow
+def test_mae_digits_recipe_beats_its_random_init_vit_on_its_knn_probe(tmp_path: Path) -> None:
+    """digits/mae trains a ViT, probed by its own config (the same kNN at 16 px)."""
+    probe = "config=benchmark/nearest_neighbor/digits/nn_digits_mae"
+    final = _pretrain(tmp_path / "pretrain", config="digits/mae")
+    err, _ = _knn(tmp_path / "knn", final, probe)
+    rand_err, _ = _knn(tmp_path / "knn_random", "", probe)
+    assert err < rand_err, f"digits/mae {err:.2f}% vs random init {rand_err:.2f}% kNN error"

@@ -27,7 +27,7 @@ import copy
 import inspect
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -60,14 +60,65 @@ HeadSpec = tuple[str, dict[str, Any]]
 _MAPPING_KEY = "config.MODEL.MULTI_INPUT_HEAD_MAPPING"
 
 
-def parse_multi_input_head_mapping(mapping: Any) -> list[tuple[str, list[str]]]:
-    """``MULTI_INPUT_HEAD_MAPPING`` as ``[(input key, [trunk feature names]), ...]``.
+class InputHeadMapping(NamedTuple):
+    """One MULTI_INPUT_HEAD_MAPPING entry: the input, its trunk features, its head and the
+    batch entries passed along to the trunk (and to heads whose ``forward`` takes them)."""
 
-    VISSL's form: ``[[input_key, [feature_name, ...]], ...]``, one entry per head (PIRL:
-    ``[["patches", ["flatten"]], ["images", ["flatten"]]]``).
+    key: str
+    feature_names: list[str]
+    head_index: int | None = None
+    additional_keys: tuple[str, ...] = ()
+
+
+def _str_list(value: Any) -> bool:
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and all(isinstance(name, str) for name in value)
+    )
+
+
+def _parse_mapping_dict(i: int, key: str, spec: Mapping[str, Any]) -> InputHeadMapping:
+    where = f"{_MAPPING_KEY}[{i}]"
+    unknown = sorted(set(spec) - {"feat_names", "head_index", "additional_keys"})
+    if unknown or not _str_list(spec.get("feat_names", None)):
+        raise ConfigError(
+            f"{where} must be [input_key, {{feat_names: [...], head_index: <int>, "
+            "additional_keys: [...]}] (VISSL's dict form; feat_names required, e.g. "
+            f'["data", {{"feat_names": ["lastBLK"], "additional_keys": ["mask"]}}]); got '
+            f"{[key, dict(spec)]!r}.",
+            where,
+        )
+    head = spec.get("head_index", None)
+    if head is not None and (isinstance(head, bool) or not isinstance(head, int) or head < 0):
+        raise ConfigError(
+            f"{where}.head_index must be an integer >= 0 (the head, in HEAD.PARAMS order), "
+            f"got {head!r}.",
+            where,
+        )
+    extra = spec.get("additional_keys", None) or []
+    if not _str_list(extra) or key in extra:
+        raise ConfigError(
+            f"{where}.additional_keys must be a list of other batch keys (e.g. [mask]) "
+            f"passed to the trunk as keyword arguments; got {extra!r}.",
+            where,
+        )
+    return InputHeadMapping(key, list(spec["feat_names"]), head, tuple(extra))
+
+
+def parse_multi_input_head_mapping(mapping: Any) -> list[InputHeadMapping]:
+    """``MULTI_INPUT_HEAD_MAPPING`` as a list of :class:`InputHeadMapping`.
+
+    VISSL's forms, one entry per input: ``[input_key, [feature_name, ...]]`` (PIRL:
+    ``[["patches", ["flatten"]], ["images", ["flatten"]]]``; head i for entry i), or
+    ``[input_key, {feat_names: [...], head_index: <int>, additional_keys: [...]}]``:
+    ``head_index`` picks the head (default: entry i's), ``additional_keys`` names batch
+    entries (listed in INPUT_KEY_NAMES, e.g. a patch ``mask``) given to the trunk's
+    ``forward`` as keyword arguments, and to a head whose ``forward`` has a parameter of
+    that name.
 
     Raises:
-        ConfigError: an entry is not ``[str, [str, ...]]`` or a key is repeated.
+        ConfigError: a malformed entry or a repeated key.
     """
     if not isinstance(mapping, Sequence) or isinstance(mapping, str):
         raise ConfigError(
@@ -75,31 +126,42 @@ def parse_multi_input_head_mapping(mapping: Any) -> list[tuple[str, list[str]]]:
             f"{mapping!r}.",
             _MAPPING_KEY,
         )
-    out: list[tuple[str, list[str]]] = []
+    out: list[InputHeadMapping] = []
     for i, entry in enumerate(mapping):
-        ok = (
+        is_pair = (
             isinstance(entry, Sequence)
             and not isinstance(entry, str)
             and len(entry) == 2
             and isinstance(entry[0], str)
-            and isinstance(entry[1], Sequence)
-            and not isinstance(entry[1], str)
-            and all(isinstance(name, str) for name in entry[1])
         )
-        if not ok:
+        if is_pair and isinstance(entry[1], Mapping):
+            parsed = _parse_mapping_dict(i, entry[0], entry[1])
+        elif is_pair and _str_list(entry[1]):
+            parsed = InputHeadMapping(entry[0], list(entry[1]))
+        else:
             raise ConfigError(
                 f"{_MAPPING_KEY}[{i}] must be [input_key, [feature_name, ...]], e.g. "
-                f'["images", ["flatten"]]; got {entry!r}.',
+                f'["images", ["flatten"]], or [input_key, {{feat_names: [...], '
+                f"additional_keys: [...]}}]; got {entry!r}.",
                 f"{_MAPPING_KEY}[{i}]",
             )
-        if any(key == entry[0] for key, _ in out):
+        if any(m.key == parsed.key for m in out):
             raise ConfigError(
-                f"{_MAPPING_KEY}[{i}] maps input {entry[0]!r} a second time; each input "
+                f"{_MAPPING_KEY}[{i}] maps input {parsed.key!r} a second time; each input "
                 "key has one entry (and one head).",
                 f"{_MAPPING_KEY}[{i}]",
             )
-        out.append((entry[0], list(entry[1])))
+        out.append(parsed)
     return out
+
+
+def _forward_takes(module: nn.Module, name: str) -> bool:
+    """Whether ``module``'s ``forward`` has a parameter ``name`` (or ``**kwargs``)."""
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _is_list(item: Any) -> bool:
@@ -261,7 +323,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self.optimizer_config = optimizer_config
         self._trunk_frozen = False
         self._heads_frozen = False
-        #: MULTI_INPUT_HEAD_MAPPING: (input key, trunk features) per head, in head order
+        #: MULTI_INPUT_HEAD_MAPPING: input key, trunk features, head, additional keys
         self.input_head_mapping = parse_multi_input_head_mapping(
             cfg_get(model_config, "MULTI_INPUT_HEAD_MAPPING", []) or []
         )
@@ -340,24 +402,36 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             )
 
     def _check_multi_input_heads(self, chain_names: list[list[str]]) -> None:
-        """One head per MULTI_INPUT_HEAD_MAPPING entry, each able to take its input's
-        trunk features."""
-        if len(self.heads) != len(self.input_head_mapping):
+        """Every head used by a MULTI_INPUT_HEAD_MAPPING entry (head i for entry i unless
+        the entry names its ``head_index``), each able to take its input's trunk features.
+        Finds, per entry, the additional keys its head's ``forward`` takes."""
+        mapping = self.input_head_mapping
+        self._head_of_entry = [
+            i if m.head_index is None else m.head_index for i, m in enumerate(mapping)
+        ]
+        if sorted(set(self._head_of_entry)) != list(range(len(self.heads))):
             raise ConfigError(
-                f"config.MODEL.MULTI_INPUT_HEAD_MAPPING has {len(self.input_head_mapping)} "
-                f"entries but {_HEAD_KEY} defines {len(self.heads)} heads: head i runs on "
-                "the input of mapping entry i, so give one head (or head chain "
-                "[[name, {kwargs}], ...]) per entry.",
+                f"config.MODEL.MULTI_INPUT_HEAD_MAPPING has {len(mapping)} entries (using heads "
+                f"{self._head_of_entry}) but {_HEAD_KEY} defines {len(self.heads)} heads: head "
+                "i runs on the input of mapping entry i (or of the entries whose head_index is "
+                "i), so give one head (or head chain [[name, {kwargs}], ...]) per entry, and "
+                "use every head.",
                 "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
             )
+        self._head_extra_keys = [
+            tuple(k for k in m.additional_keys if _forward_takes(self.heads[h], k))
+            for m, h in zip(mapping, self._head_of_entry)
+        ]
         if self._extract_trunk_features_only():
             return
-        for i, (_, feature_names) in enumerate(self.input_head_mapping):
+        for m, h, extra in zip(mapping, self._head_of_entry, self._head_extra_keys):
+            if extra:  # the head needs more than the features: not probed
+                continue
             check_head_input_widths(
                 self.trunk,
-                feature_names,
-                [self.heads[i]],
-                [chain_names[i]] if self._parallel_heads else [[chain_names[i][0]]],
+                m.feature_names,
+                [self.heads[h]],
+                [chain_names[h]] if self._parallel_heads else [[chain_names[h][0]]],
                 True,
             )
 
@@ -465,8 +539,17 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         fe = cfg_get(self.model_config, "FEATURE_EVAL_SETTINGS", {}) or {}
         return bool(fe.get("EVAL_MODE_ON", False) and fe.get("EXTRACT_TRUNK_FEATURES_ONLY", False))
 
-    def _run_trunk(self, batch: torch.Tensor, feature_names: list[str]) -> list[torch.Tensor]:
-        feats = self.trunk(batch, feature_names or None)
+    def _run_trunk(
+        self,
+        batch: torch.Tensor,
+        feature_names: list[str],
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[torch.Tensor]:
+        feats = (
+            self.trunk(batch, feature_names or None, **extra)
+            if extra
+            else self.trunk(batch, feature_names or None)
+        )
         if isinstance(feats, torch.Tensor):
             feats = [feats]
         return list(feats)
@@ -535,7 +618,10 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self, batch: Mapping[str, torch.Tensor]
     ) -> list[torch.Tensor]:
         """MULTI_INPUT_HEAD_MAPPING: for entry ``i`` = ``[key, features]``, the trunk on
-        ``batch[key]`` (those features), then head ``i``; one output per entry."""
+        ``batch[key]`` (those features, and the entry's ``additional_keys`` of the batch as
+        keyword arguments; missing ones are left out, as in VISSL), then head ``i`` (or the
+        entry's ``head_index``; given the additional keys its ``forward`` takes); one output
+        per entry."""
         if not isinstance(batch, Mapping):
             raise ConfigError(
                 "config.MODEL.MULTI_INPUT_HEAD_MAPPING is set, so the model takes one input "
@@ -545,7 +631,7 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 "config.DATA.TRAIN.INPUT_KEY_NAMES",
             )
         outputs: list[torch.Tensor] = []
-        for i, (key, feature_names) in enumerate(self.input_head_mapping):
+        for i, (key, feature_names, _, additional_keys) in enumerate(self.input_head_mapping):
             if key not in batch:
                 raise ConfigError(
                     f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}] maps input {key!r}, which "
@@ -553,8 +639,24 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                     "among config.DATA.<split>.INPUT_KEY_NAMES.",
                     f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}]",
                 )
-            out = self.single_input_forward(batch[key], feature_names, [self.heads[i]])
-            outputs.extend(out)
+            extra = {k: batch[k] for k in additional_keys if k in batch}
+            feats = self._run_trunk(batch[key], feature_names, extra)
+            if self._extract_trunk_features_only():
+                outputs.extend(feats)
+                continue
+            head = self.heads[self._head_of_entry[i]]
+            head_kwargs = {k: extra[k] for k in self._head_extra_keys[i] if k in extra}
+            if not head_kwargs:
+                outputs.extend(self.heads_forward(feats, [head]))
+            elif len(feats) == 1:
+                outputs.append(head(feats[0], **head_kwargs))
+            else:
+                raise ConfigError(
+                    f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}]: the head takes "
+                    f"{sorted(head_kwargs)} besides the trunk feature, so map one feature "
+                    f"to it, not {feature_names}.",
+                    f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}]",
+                )
         return outputs
 
     def forward(

@@ -13,6 +13,11 @@ the output is stored depends on the transform's kind:
 - ``"grouping"``: the transform receives the whole ``data`` list and returns a list.
 - ``"entire_sample"``: the transform receives and returns the whole sample dict.
 
+An ``"image"`` or ``"labels"`` transform may also return a dict (VISSL's generalised
+transform, e.g. the masking transforms' ``{"data": image, "mask": mask}``): ``data``
+replaces the entry and every other value is appended to ``sample[key]`` (one value per
+transformed entry).
+
 A transform declares its kind with a class attribute ``ssl_transform_kind``; VISSL's
 transform names are also recognised. A transform class with a classmethod
 ``from_transform_config(kwargs, key_path)`` is built by it (instead of ``cls(**kwargs)``),
@@ -191,7 +196,12 @@ class SSLTransformsWrapper:
         else:
             for idx in self._selected(len(sample["data"])):
                 output = self.transform(sample["data"][idx])
-                if self.kind == "labels":
+                if isinstance(output, Mapping):  # VISSL's generalised transform
+                    sample["data"][idx] = output["data"]
+                    for key, value in output.items():
+                        if key != "data":
+                            sample.setdefault(key, []).append(value)
+                elif self.kind == "labels":
                     sample["data"][idx], sample["label"][idx] = output[0], output[1]
                 else:
                     sample["data"][idx] = output

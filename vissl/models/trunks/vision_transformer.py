@@ -3,7 +3,9 @@
 Configured by MODEL.TRUNK.VISION_TRANSFORMERS (docs/models/vision_transformer.md): a
 ``name`` preset (tiny | small | base) or HIDDEN_DIM, NUM_LAYERS, NUM_HEADS and MLP_DIM;
 IMAGE_SIZE and PATCH_SIZE; DROPOUT_RATE, ATTENTION_DROPOUT_RATE, DROP_PATH_RATE; QKV_BIAS,
-QK_SCALE; CLASSIFIER (token | gap); CHECKPOINT_MLP / CHECKPOINT_BLOCK; FREEZE_PATCH_EMBED.
+QK_SCALE; CLASSIFIER (token | gap); CHECKPOINT_MLP / CHECKPOINT_BLOCK; FREEZE_PATCH_EMBED;
+USE_CLASS_TOKEN, NUM_REGISTER_TOKENS, INIT_VALUES (layer scale) and MASKED_IMAGE_MODELING
+(what a patch mask given to ``forward`` does).
 
 FREEZE_PATCH_EMBED (MoCo v3's "random patch projection", Chen, Xie, He 2021, section 4.2):
 the patch projection ``patch_embed.proj`` keeps its random init and is never trained
@@ -19,7 +21,23 @@ position embedding (truncated-normal init, std 0.02). Inputs of another size tha
 IMAGE_SIZE (multi-crop) get bicubically interpolated position embeddings. Parameter names
 are DINO's and VISSL's (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
 ``blocks.{i}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}``, ``norm``), so their ViT
-checkpoints load unchanged.
+checkpoints load unchanged. The options add parameters only when they are on:
+``register_tokens`` (DINOv2's name), ``blocks.{i}.ls1.gamma`` / ``ls2.gamma`` (layer scale,
+DINOv2's and timm's names), ``patch_masking.masked_embed`` (iBOT's mask token, VISSL's
+name); ``USE_CLASS_TOKEN: False`` removes ``cls_token``.
+
+The token sequence is ``[class token] [register tokens] [patch tokens]``; the class token
+and the patches carry position embeddings, the registers do not (Darcet et al. 2024).
+
+Patch masks (``forward(x, out_feat_keys, mask=...)``, a boolean ``(N, h, w)`` or
+``(N, h*w)`` tensor, True = masked; see :mod:`vissl.models.token_masking`), by
+MASKED_IMAGE_MODELING.NAME:
+
+- ``mae``: the masked patches are dropped after the position embedding; the blocks see only
+  the visible ones (every row must keep the same number). Patch features (POOL, PATCH, BLK)
+  are those of the visible patches, in patch order; MAP is not available.
+- ``ibot``: each masked patch's embedding is replaced by the learned ``masked_embed`` before
+  the position embedding is added (iBOT, BEiT); the sequence keeps every patch.
 
 Features, by VISSL's names (``out_feat_keys``; i counts blocks from 0, n the last blocks;
 every block output goes through the final LayerNorm ``norm`` first, as in DINO):
@@ -30,11 +48,16 @@ name            what                                            shape
 lastCLS         class token of the last block (CLASSIFIER token) N x D
 lastPOOL        mean of the last block's patch tokens (gap)      N x D
 lastMAP         the last block's patch tokens as a map           N x D x h x w
-lastBLK         all tokens of the last block                     N x (1 + h*w) x D
-blkCLS{i}       ... of block i (also blkPOOL/blkMAP/blkBLK{i})   as above
+lastBLK         class token and patch tokens of the last block   N x (1 + h*w) x D
+lastPATCH       the last block's patch tokens (no class token)   N x h*w x D
+blkCLS{i}       ... of block i (also blkPOOL/MAP/BLK/PATCH{i})  as above
 concatCLS{n}    the last n blocks' class tokens, concatenated    N x nD
-concatPOOL{n}   (also concatMAP{n}, concatBLK{n})                along the feature dim
+concatPOOL{n}   (also concatMAP/BLK/PATCH{n})                    along the feature dim
 ==============  ==============================================  ======================
+
+Register tokens are in no feature (BLK is the class token and the patches, so index 0 is
+the class token and 1: the patches, as consumers of VISSL's ``lastBLK`` expect). Without a
+class token, BLK equals PATCH and CLS features are an error.
 
 The default output (no ``out_feat_keys``) is ``lastCLS`` for CLASSIFIER token and
 ``lastPOOL`` for CLASSIFIER gap. ``lastMAP`` is channels-first (VISSL returned
@@ -57,6 +80,7 @@ from torchvision.ops import StochasticDepth
 
 from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
+from vissl.models.token_masking import flatten_mask, gather_tokens, keep_indices, visible_count
 from vissl.models.trunks import register_model_trunk
 
 logger = logging.getLogger(__name__)
@@ -89,9 +113,19 @@ DEFAULTS: dict[str, Any] = {
     "CHECKPOINT_MLP": False,
     "CHECKPOINT_BLOCK": False,
     "FREEZE_PATCH_EMBED": False,
+    "USE_CLASS_TOKEN": True,
+    "NUM_REGISTER_TOKENS": 0,
+    "INIT_VALUES": False,
+    "MASKED_IMAGE_MODELING": {"NAME": "", "PARAMS": {}},
 }
 
 CLASSIFIERS = ("token", "gap")
+#: MASKED_IMAGE_MODELING.NAME -> what a patch mask given to ``forward`` does
+MASKING_MODES = {
+    "": "no masking (a mask given to forward is an error)",
+    "mae": "drop the masked patches: the blocks see the visible ones only (MAE)",
+    "ibot": "replace the masked patches' embeddings by a learned mask token (iBOT, BEiT)",
+}
 LAYER_NORM_EPS = 1e-6
 
 
@@ -115,6 +149,12 @@ class ViTSettings:
     checkpoint_mlp: bool
     checkpoint_block: bool
     freeze_patch_embed: bool = False
+    use_class_token: bool = True
+    num_register_tokens: int = 0
+    #: layer scale: the initial value of the per-channel residual scales; None: off
+    init_values: float | None = None
+    #: MASKED_IMAGE_MODELING.NAME: "", "mae" or "ibot"
+    masking: str = ""
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str) -> int:
@@ -212,6 +252,21 @@ def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
             f"positive number; got {qk_scale!r}.",
             f"{_KEY}.QK_SCALE",
         )
+    use_class_token = _flag(cfg, "USE_CLASS_TOKEN")
+    if not use_class_token and classifier == "token":
+        raise ConfigError(
+            f"{_KEY}.USE_CLASS_TOKEN is False but {_KEY}.CLASSIFIER is 'token' (the class "
+            "token's output): set CLASSIFIER: gap (the mean of the patch tokens) for a trunk "
+            "without a class token.",
+            f"{_KEY}.CLASSIFIER",
+        )
+    registers = cfg.get("NUM_REGISTER_TOKENS", DEFAULTS["NUM_REGISTER_TOKENS"])
+    if isinstance(registers, bool) or not isinstance(registers, int) or registers < 0:
+        raise ConfigError(
+            f"{_KEY}.NUM_REGISTER_TOKENS must be an integer >= 0 (0: no registers; DINOv2 "
+            f"with registers uses 4); got {registers!r}.",
+            f"{_KEY}.NUM_REGISTER_TOKENS",
+        )
     return ViTSettings(
         image_size=sizes["IMAGE_SIZE"],
         patch_size=sizes["PATCH_SIZE"],
@@ -228,7 +283,56 @@ def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
         checkpoint_mlp=_flag(cfg, "CHECKPOINT_MLP"),
         checkpoint_block=_flag(cfg, "CHECKPOINT_BLOCK"),
         freeze_patch_embed=_flag(cfg, "FREEZE_PATCH_EMBED"),
+        use_class_token=use_class_token,
+        num_register_tokens=registers,
+        init_values=_init_values(cfg),
+        masking=_masking_name(cfg),
     )
+
+
+def _init_values(cfg: Mapping[str, Any]) -> float | None:
+    value = cfg.get("INIT_VALUES", DEFAULTS["INIT_VALUES"])
+    if value is False or value is None or (isinstance(value, int | float) and value == 0):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(
+            f"{_KEY}.INIT_VALUES (layer scale) must be False (off) or a positive number, the "
+            f"initial value of the per-channel scales of each residual branch (DINOv2: "
+            f"1e-5, CaiT: 1e-5 to 0.1); got {value!r}.",
+            f"{_KEY}.INIT_VALUES",
+        )
+    return float(value)
+
+
+def _masking_name(cfg: Mapping[str, Any]) -> str:
+    key = f"{_KEY}.MASKED_IMAGE_MODELING"
+    mim = cfg.get("MASKED_IMAGE_MODELING", None) or {}
+    if not isinstance(mim, Mapping):
+        raise ConfigError(f"{key} must be a mapping {{NAME: ..., PARAMS: {{}}}}; got {mim!r}.", key)
+    name = mim.get("NAME", "") or ""
+    if name == "msn":
+        raise ConfigError(
+            f"{key}.NAME='msn' (VISSL's in-model random token drop) is not implemented in "
+            "vissl: give MSN's masks from the data (RandomPatchMasking) with NAME: mae, "
+            "which drops the masked patches the same way, deterministically per sample.",
+            f"{key}.NAME",
+        )
+    if name not in MASKING_MODES:
+        raise ConfigError(
+            f"{key}.NAME={name!r} is not supported; use one of "
+            + "; ".join(f"{n!r}: {what}" for n, what in MASKING_MODES.items())
+            + ".",
+            f"{key}.NAME",
+        )
+    params = mim.get("PARAMS", None) or {}
+    if params:
+        raise ConfigError(
+            f"{key}.PARAMS={dict(params)!r}: NAME {name!r} takes no parameters (the masks "
+            "come from the data transforms RandomPatchMasking and MaskedImageModeling); leave "
+            "PARAMS empty.",
+            f"{key}.PARAMS",
+        )
+    return str(name)
 
 
 # --------------------------------------------------------------------------- modules
@@ -306,12 +410,29 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
+class LayerScale(nn.Module):
+    """Per-channel scaling of a residual branch, ``x * gamma`` (CaiT; DINOv2's ``ls1``/``ls2``).
+
+    Args:
+        dim: channels.
+        init_values: the initial value of every entry of ``gamma``.
+    """
+
+    def __init__(self, dim: int, init_values: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``.
 
-    Both residual branches go through stochastic depth (``drop_path``, per sample). With
-    ``checkpoint_mlp`` the MLP's activations are recomputed in the backward pass instead
-    of being stored (training with gradients only).
+    Both residual branches go through stochastic depth (``drop_path``, per sample) and,
+    with ``init_values``, layer scale (``ls1``, ``ls2``). With ``checkpoint_mlp`` the MLP's
+    activations are recomputed in the backward pass instead of being stored (training with
+    gradients only).
     """
 
     def __init__(
@@ -325,39 +446,42 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         checkpoint_mlp: bool = False,
+        init_values: float | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=LAYER_NORM_EPS)
         self.attn = Attention(dim, num_heads, qkv_bias, qk_scale, attn_drop, drop)
+        self.ls1: nn.Module = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path: nn.Module = (
             StochasticDepth(drop_path, mode="row") if drop_path > 0 else nn.Identity()
         )
         self.norm2 = nn.LayerNorm(dim, eps=LAYER_NORM_EPS)
         self.mlp = Mlp(dim, mlp_dim, drop)
+        self.ls2: nn.Module = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.checkpoint_mlp = checkpoint_mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))
         y = self.norm2(x)
         if self.checkpoint_mlp and _checkpointing(self):
             y = checkpoint(self.mlp, y, use_reentrant=False)
         else:
             y = self.mlp(y)
-        return x + self.drop_path(y)
+        return x + self.drop_path(self.ls2(y))
 
 
 # --------------------------------------------------------------------------- features
-_FEATURE_NAME = re.compile(r"^(last|blk|concat)(CLS|POOL|MAP|BLK)(\d*)$")
+_FEATURE_NAME = re.compile(r"^(last|blk|concat)(CLS|POOL|MAP|BLK|PATCH)(\d*)$")
 
 
 @dataclass(frozen=True)
 class _FeatureSpec:
-    kind: str  # CLS | POOL | MAP | BLK
+    kind: str  # CLS | POOL | MAP | BLK | PATCH
     blocks: tuple[int, ...]  # block indices whose (normed) outputs are concatenated
 
 
 def _feature_names_help(num_layers: int) -> str:
-    kinds = ("CLS", "POOL", "MAP", "BLK")
+    kinds = ("CLS", "POOL", "MAP", "BLK", "PATCH")
     return (
         ", ".join(f"last{k}" for k in kinds)
         + "; "
@@ -406,8 +530,10 @@ class VisionTransformer(nn.Module):
     """
 
     #: Parameters that should get no weight decay, besides the LayerNorms and biases
-    #: (relative names, as timm's ``no_weight_decay``).
-    NO_WEIGHT_DECAY: ClassVar[frozenset[str]] = frozenset({"pos_embed", "cls_token"})
+    #: (relative names, as timm's ``no_weight_decay``), where the trunk has them.
+    NO_WEIGHT_DECAY: ClassVar[frozenset[str]] = frozenset(
+        {"pos_embed", "cls_token", "register_tokens", "patch_masking.masked_embed"}
+    )
 
     def __init__(
         self, model_config: Mapping[str, Any], model_name: str = "vision_transformer"
@@ -421,6 +547,11 @@ class VisionTransformer(nn.Module):
         self.grid_size = s.image_size // s.patch_size
         self.embed_dim = self.num_features = self.output_dim = s.hidden_dim
         self.classifier = s.classifier
+        self.use_class_token = s.use_class_token
+        self.num_register_tokens = s.num_register_tokens
+        #: tokens before the patches: the class token (if any), then the registers
+        self.num_prefix_tokens = int(s.use_class_token) + s.num_register_tokens
+        self.masking = s.masking
         self.checkpoint_blocks = s.checkpoint_block or bool(
             cfg_get(model_config, "ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", False)
         )
@@ -438,8 +569,12 @@ class VisionTransformer(nn.Module):
         )
 
         self.patch_embed = PatchEmbed(s.patch_size, in_chans, s.hidden_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, s.hidden_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.grid_size**2, s.hidden_dim))
+        self.cls_token: nn.Parameter | None = (
+            nn.Parameter(torch.zeros(1, 1, s.hidden_dim)) if s.use_class_token else None
+        )
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, int(s.use_class_token) + self.grid_size**2, s.hidden_dim)
+        )
         self.pos_drop = nn.Dropout(s.dropout_rate)
         # stochastic depth grows linearly from 0 (first block) to DROP_PATH_RATE (last)
         rates = torch.linspace(0, s.drop_path_rate, s.num_layers, device="cpu").tolist()
@@ -454,11 +589,21 @@ class VisionTransformer(nn.Module):
                 attn_drop=s.attention_dropout_rate,
                 drop_path=rate,
                 checkpoint_mlp=s.checkpoint_mlp and not self.checkpoint_blocks,
+                init_values=s.init_values,
             )
             for rate in rates
         )
         self.norm = nn.LayerNorm(s.hidden_dim, eps=LAYER_NORM_EPS)
         self._init_weights()
+        # Built after the initialisation above, so that the options (off by default) leave
+        # the random draws of every other parameter as they were.
+        self.register_tokens: nn.Parameter | None = None
+        if s.num_register_tokens:
+            self.register_tokens = nn.Parameter(torch.zeros(1, s.num_register_tokens, s.hidden_dim))
+            nn.init.normal_(self.register_tokens, std=1e-6)  # DINOv2's init
+        self.patch_masking: nn.Module | None = None
+        if s.masking == "ibot":
+            self.patch_masking = MaskToken(s.hidden_dim)
         if s.freeze_patch_embed:
             # MoCo v3's random patch projection: the random init stays, never trained
             self.patch_embed.requires_grad_(False)
@@ -468,7 +613,8 @@ class VisionTransformer(nn.Module):
         """Truncated normal (std 0.02) for the embeddings and Linear weights, zero biases,
         unit LayerNorms; the patch projection keeps PyTorch's default (as in DINO)."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -482,7 +628,8 @@ class VisionTransformer(nn.Module):
         """Names (relative to the trunk) of the embedding parameters to exclude from
         weight decay, as timm's ``no_weight_decay``. LayerNorms and biases are excluded by
         the optimizer's ``regularize_bn`` / ``regularize_bias`` settings."""
-        return set(self.NO_WEIGHT_DECAY)
+        names = {name for name, _ in self.named_parameters()}
+        return {name for name in self.NO_WEIGHT_DECAY if name in names}
 
     # ----------------------------------------------------------------- forward
     def interpolate_pos_encoding(self, height: int, width: int) -> torch.Tensor:
@@ -492,27 +639,37 @@ class VisionTransformer(nn.Module):
         multi-crop); the class token's embedding is kept.
 
         Returns:
-            (1, 1 + height * width, D).
+            (1, [1 +] height * width, D): the class token's entry first when there is one.
         """
         if height == self.grid_size and width == self.grid_size:
             return self.pos_embed
         dim = self.pos_embed.shape[-1]
-        cls_pos, patch_pos = self.pos_embed[:, :1], self.pos_embed[:, 1:]
+        prefix = int(self.use_class_token)
+        cls_pos, patch_pos = self.pos_embed[:, :prefix], self.pos_embed[:, prefix:]
         grid = patch_pos.reshape(1, self.grid_size, self.grid_size, dim).permute(0, 3, 1, 2)
         grid = F.interpolate(
             grid.float(), size=(height, width), mode="bicubic", align_corners=False
         ).to(patch_pos.dtype)
         patch_pos = grid.permute(0, 2, 3, 1).reshape(1, height * width, dim)
-        return torch.cat((cls_pos, patch_pos), dim=1)
+        return torch.cat((cls_pos, patch_pos), dim=1) if prefix else patch_pos
 
-    def prepare_tokens(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Patch embedding, class token and position embedding.
+    def prepare_tokens(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Patch embedding, masking, class token, registers and position embedding.
+
+        Args:
+            x: images (N, C, H, W).
+            mask: optional patch mask (N, h, w) or (N, h*w), True = masked; what it does
+                is MASKED_IMAGE_MODELING.NAME's (see the module docstring).
 
         Returns:
-            The tokens (N, 1 + h*w, D) and the patch grid (h, w).
+            The tokens (N, prefix + patches, D) and the patch grid (h, w).
 
         Raises:
-            ConfigError: the image sides are not multiples of PATCH_SIZE.
+            ConfigError: the image sides are not multiples of PATCH_SIZE, or a mask is given
+                to a trunk without MASKED_IMAGE_MODELING.
+            ValueError: the mask does not fit the images (shape, or unequal visible counts).
         """
         if x.ndim != 4:
             raise ValueError(
@@ -529,9 +686,32 @@ class VisionTransformer(nn.Module):
                 f"{_KEY}.PATCH_SIZE",
             )
         grid = (height // p, width // p)
-        tokens = self.patch_embed(x)
-        tokens = torch.cat((self.cls_token.expand(tokens.shape[0], -1, -1), tokens), dim=1)
-        tokens = tokens + self.interpolate_pos_encoding(*grid)
+        batch = x.shape[0]
+        patches = self.patch_embed(x)
+        flat_mask = None
+        if mask is not None:
+            if not self.masking:
+                raise ConfigError(
+                    "vision_transformer received a patch mask but "
+                    f"{_KEY}.MASKED_IMAGE_MODELING.NAME is empty: set it to 'mae' (encode "
+                    "the visible patches only) or 'ibot' (a learned mask token replaces the "
+                    "masked patches).",
+                    f"{_KEY}.MASKED_IMAGE_MODELING.NAME",
+                )
+            flat_mask = flatten_mask(mask.to(patches.device), grid, batch)
+            if self.patch_masking is not None:  # ibot: the mask token before the position
+                patches = self.patch_masking(patches, flat_mask)
+        pos = self.interpolate_pos_encoding(*grid)
+        prefix = int(self.use_class_token)
+        patches = patches + pos[:, prefix:]
+        if flat_mask is not None and self.masking == "mae":
+            patches = gather_tokens(patches, keep_indices(flat_mask, visible_count(flat_mask)))
+        parts = []
+        if self.cls_token is not None:
+            parts.append((self.cls_token + pos[:, :prefix]).expand(batch, -1, -1))
+        if self.register_tokens is not None:
+            parts.append(self.register_tokens.expand(batch, -1, -1))
+        tokens = torch.cat((*parts, patches), dim=1) if parts else patches
         return self.pos_drop(tokens), grid
 
     def _run_block(self, block: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -541,32 +721,64 @@ class VisionTransformer(nn.Module):
             return out
         return block(tokens)
 
-    @staticmethod
-    def _select(kind: str, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def _select(self, kind: str, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        patches = tokens[:, self.num_prefix_tokens :]
         if kind == "CLS":
             return tokens[:, 0]
         if kind == "POOL":
-            return tokens[:, 1:].mean(dim=1)
+            return patches.mean(dim=1)
         if kind == "MAP":
-            n, _, dim = tokens.shape
-            return tokens[:, 1:].transpose(1, 2).reshape(n, dim, *grid)
-        return tokens  # BLK
+            n, _, dim = patches.shape
+            return patches.transpose(1, 2).reshape(n, dim, *grid)
+        if kind == "PATCH" or not self.use_class_token:
+            return patches
+        if self.num_register_tokens:  # BLK: the class token and the patches
+            return torch.cat((tokens[:, :1], patches), dim=1)
+        return tokens
 
     def default_feature_name(self) -> str:
         """The feature returned without ``out_feat_keys``: lastCLS (token) or lastPOOL (gap)."""
         return "lastCLS" if self.classifier == "token" else "lastPOOL"
 
+    def _check_features(self, names: list[str], specs: list[_FeatureSpec], masked: bool) -> None:
+        for name, spec in zip(names, specs):
+            if spec.kind == "CLS" and not self.use_class_token:
+                raise ConfigError(
+                    f"vision_transformer feature {name!r} is a class token, but "
+                    f"{_KEY}.USE_CLASS_TOKEN is False: use a POOL, PATCH or MAP feature "
+                    f"(e.g. lastPOOL) in {_FEATURES_KEY} and the heads' mappings.",
+                    f"{_KEY}.USE_CLASS_TOKEN",
+                )
+            if spec.kind == "MAP" and masked and self.masking == "mae":
+                raise ConfigError(
+                    f"vision_transformer feature {name!r} (a map of every patch) cannot be "
+                    "computed from the visible patches only (MASKED_IMAGE_MODELING.NAME: "
+                    "mae): use lastPATCH or lastBLK with a mask, or no mask.",
+                    _FEATURES_KEY,
+                )
+
     def forward(
-        self, x: torch.Tensor, out_feat_keys: list[str] | None = None
+        self,
+        x: torch.Tensor,
+        out_feat_keys: list[str] | None = None,
+        mask: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """Return the features named in ``out_feat_keys`` (default: the CLASSIFIER output).
+
+        Args:
+            x: images (N, C, H, W).
+            out_feat_keys: feature names (see the module docstring).
+            mask: optional patch mask, True = masked (MASKED_IMAGE_MODELING must be set).
 
         Blocks run only up to the deepest block a requested feature needs.
         """
         names = list(out_feat_keys) if out_feat_keys else [self.default_feature_name()]
         specs = [parse_feature_name(name, len(self.blocks)) for name in names]
+        self._check_features(names, specs, mask is not None)
         wanted = {i for spec in specs for i in spec.blocks}
-        tokens, grid = self.prepare_tokens(transform_model_input_data_type(x, self.input_type))
+        tokens, grid = self.prepare_tokens(
+            transform_model_input_data_type(x, self.input_type), mask
+        )
         normed: dict[int, torch.Tensor] = {}
         for i, block in enumerate(self.blocks[: max(wanted) + 1]):
             tokens = self._run_block(block, tokens)
@@ -581,3 +793,19 @@ class VisionTransformer(nn.Module):
                 else torch.cat(feats, dim=1 if spec.kind == "MAP" else -1)
             )
         return outputs
+
+
+class MaskToken(nn.Module):
+    """iBOT's / BEiT's mask token: masked patches' embeddings become ``masked_embed``.
+
+    ``masked_embed`` (1, D) starts at zero, as in iBOT and VISSL
+    (``patch_masking.masked_embed``).
+    """
+
+    def __init__(self, embed_dim: int) -> None:
+        super().__init__()
+        self.masked_embed = nn.Parameter(torch.zeros(1, embed_dim))
+
+    def forward(self, patches: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``patches`` (N, L, D) with the rows where ``mask`` (N, L) is True replaced."""
+        return torch.where(mask.unsqueeze(-1), self.masked_embed.to(patches.dtype), patches)
