@@ -16,6 +16,7 @@ def _load() -> ModuleType:
     return load_benchmark("data_pipeline.py")
 
 
+@pytest.mark.slow
 def test_benchmark_prints_the_table_and_the_ratio_last(capsys):
     bench = _load()
     result = bench.main(["--num-images", "2", "--rounds", "1", "--quiet"])

@@ -11,6 +11,7 @@ import pytest
 from tests.benchmarks._load import load_benchmark
 
 
+@pytest.mark.slow
 def test_tiny_run_compares_both_variants_and_the_offline_knn(capsys):
     bench = load_benchmark("online_knn_cost.py")
     result = bench.main(["--tiny", "--offline", "--quiet", "--threads", "1"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
+import pytest
+
 from tests.benchmarks._load import load_benchmark
 from vissl.trainer.trainer_main import SelfSupervisionTrainer
 
@@ -14,6 +16,7 @@ def _load() -> ModuleType:
     return load_benchmark("phase_start_wait.py")
 
 
+@pytest.mark.slow
 def test_benchmark_measures_every_boundary_of_both_variants(capsys):
     prefetch = SelfSupervisionTrainer._prefetch_next_phase
     bench = _load()

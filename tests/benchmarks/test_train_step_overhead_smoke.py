@@ -15,6 +15,7 @@ def _load() -> ModuleType:
     return load_benchmark("train_step_overhead.py")
 
 
+@pytest.mark.slow
 def test_benchmark_prints_the_table(capsys):
     bench = _load()
     result = bench.main(

@@ -66,6 +66,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_one_step_on_a_multicrop_batch(one_thread) -> None:
     """2 images of 2 x 224 + 6 x 96 crops through ResNet-50 and the swav_head; the loss
     trains the trunk and the projection, not the prototypes, and writes the memory."""

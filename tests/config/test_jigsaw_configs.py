@@ -92,6 +92,7 @@ def test_jigsaw_config_builds_with_the_numbers_of_its_comments(name: str) -> Non
     assert lr(95) == pytest.approx(peak / 1000) and lr(104.9) == pytest.approx(peak / 10000)
 
 
+@pytest.mark.slow
 def test_one_jigsaw_step_on_a_300_by_400_image(perms_2000: str) -> None:
     """Resize, crop, patches, permutations, siamese_collator, ResNet-50 and the head
     chain fit end to end: 9 patches of 64 px per image, 2000 logits per image."""

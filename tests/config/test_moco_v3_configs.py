@@ -129,6 +129,7 @@ def test_config_builds_with_consistent_numbers(name: str, one_thread) -> None:
         assert len(grouped) == sum(1 for _ in model.parameters()) - 2
 
 
+@pytest.mark.slow
 def test_one_vit_training_step_on_a_fake_batch(one_thread) -> None:
     """ViT-S/16 with both heads on 2 samples x 2 views of 64 px (a 4 x 4 grid): the loss
     is about 2 x 2 tau ln 2 at init, the blocks move, the patch projection does not."""

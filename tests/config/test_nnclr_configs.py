@@ -113,6 +113,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_one_training_step_on_a_fake_batch(one_thread) -> None:
     """ResNet-50 with both heads on 4 samples x 2 views of 64 px: the loss is the
     InfoNCE over 4 candidates before the queue is full (about ln 4 at init), the model

@@ -58,6 +58,7 @@ def test_config_builds_with_the_numbers_of_its_comments(name: str) -> None:
         assert schedules.values(1.0)["lr"] == pytest.approx(0.0, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_one_pirl_step_on_a_224_px_image() -> None:
     cfg = _compose("pretrain/pirl/pirl_8gpu_resnet50", SMALL_BANK)
     model, loss, _, _ = _build(cfg)

@@ -144,6 +144,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_dino_vits16_trains_one_step_on_a_fake_batch(one_thread):
     torch.manual_seed(0)
     cfg = _compose("pretrain/dino/dino_8gpu_vits16")

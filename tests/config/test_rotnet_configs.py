@@ -48,6 +48,7 @@ def test_rotnet_config_builds_with_the_numbers_of_its_comments(name: str) -> Non
     assert schedules.values(1.0)["lr"] == pytest.approx(0.0, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_one_rotnet_step_on_a_224_px_image() -> None:
     """The crop chain, rotnet_collator, ResNet-50 and its 4-way head fit end to end."""
     cfg = _compose("pretrain/rotnet/rotnet_8gpu_resnet50")

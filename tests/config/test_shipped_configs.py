@@ -78,7 +78,11 @@ def test_group_file_composes_onto_pretrain_config():
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "name", ["pretrain/simclr/simclr_8gpu_resnet", "pretrain/simclr/simclr_64gpu_resnet"]
+    "name",
+    [
+        "pretrain/simclr/simclr_8gpu_resnet",
+        pytest.param("pretrain/simclr/simclr_64gpu_resnet", marks=pytest.mark.slow),
+    ],
 )
 def test_real_scale_config_trains_one_step_on_cpu(tmp_path, name):
     with warnings.catch_warnings():

@@ -137,6 +137,7 @@ def test_config_builds_with_consistent_numbers(name: str, one_thread) -> None:
     assert probs == [[1.0, 0.1], [0.0, 0.2]]
 
 
+@pytest.mark.slow
 def test_one_training_step_on_a_fake_batch(one_thread) -> None:
     """ResNet-50 with the 8192-wide expander on 4 samples x 2 views of 32 px: the loss and
     its terms are finite, and a LARS step at the peak rate moves the trunk and the

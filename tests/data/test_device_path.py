@@ -371,6 +371,7 @@ def test_the_tail_on_cuda_gives_what_it_gives_on_the_cpu():
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_crash_and_resume_with_the_tail_on_the_device_is_bitwise_exact(tmp_path):
     from tests.integration._runs import run_config
     from tests.integration.test_exact_resume import assert_same, crash_generator, final_weights

@@ -63,6 +63,7 @@ def test_sbatch_script_has_the_config_resources(tmp_path, monkeypatch):
         assert line in script, f"{line!r} not in:\n{script}"
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_preempted_job_requeues_and_finishes_from_its_checkpoint(tmp_path):
     """A preemption signal mid-run: the workers checkpoint, the job is requeued by

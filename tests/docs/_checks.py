@@ -162,12 +162,15 @@ def _parse_only(script: str, args: list[str]) -> None:
 
     argparse.ArgumentParser.parse_args = parse_then_stop  # type: ignore[method-assign]
     sys.argv = [script, *args]
+    # as `python script.py` does: the script's folder first on the path (its own helpers)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         runpy.run_path(script, run_name="__main__")
     except _ArgsParsed:
         return
     finally:
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        sys.path.pop(0)
     raise RuntimeError(f"{script} never called ArgumentParser.parse_args")
 
 

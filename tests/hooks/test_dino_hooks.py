@@ -196,6 +196,7 @@ def test_no_collapse_warning_otherwise(caplog, mean: float, train: bool) -> None
 
 
 # ----------------------------------------------------------------------------- compile
+@pytest.mark.slow
 def test_with_a_compiled_student_the_teacher_stays_a_plain_module(tmp_path) -> None:
     cfg = quick_config(
         tmp_path,
