@@ -14,7 +14,7 @@ SUP = "test/cpu_test/tiny_supervised"
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_extract_heads_and_trunk_features(tmp_path, nproc):
     train_dir = tmp_path / "train"
     run_config(

@@ -106,6 +106,7 @@ def quick_start_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_quick_start_like_checkpoint_gives_the_same_features_in_torchvision_and_back(
     quick_start_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

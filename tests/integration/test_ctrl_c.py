@@ -138,6 +138,7 @@ def terminal(tmp_path: Path) -> Iterator[Callable[..., Terminal]]:
         term.close()
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @needs_tmux
 def test_ctrl_c_in_a_terminal_checkpoints_and_the_resumed_run_is_bitwise_exact(

@@ -55,10 +55,16 @@ def assert_same(a, b):
     "nproc,workers,iter_freq,crash_at",
     [
         (1, 0, 3, 5),  # iteration checkpoint at 3, crash at 5 (mid phase 0)
-        (1, 2, 3, 10),  # with workers; iteration checkpoint 9 is inside phase 1
-        (1, 0, -1, 11),  # phase checkpoints only: resume at the phase boundary
-        (2, 0, 2, 7),  # 2 processes (4 steps per phase), iteration checkpoint 6 in phase 1
-        (2, 2, 2, 3),  # 2 processes with workers
+        pytest.param(
+            1, 2, 3, 10, marks=pytest.mark.slow
+        ),  # with workers; iteration checkpoint 9 is inside phase 1
+        pytest.param(
+            1, 0, -1, 11, marks=pytest.mark.slow
+        ),  # phase checkpoints only: resume at the phase boundary
+        pytest.param(
+            2, 0, 2, 7, marks=pytest.mark.slow
+        ),  # 2 processes (4 steps per phase), iteration checkpoint 6 in phase 1
+        pytest.param(2, 2, 2, 3, marks=pytest.mark.slow),  # 2 processes with workers
     ],
 )
 def test_crash_and_resume_is_bitwise_exact(tmp_path, nproc, workers, iter_freq, crash_at):

@@ -23,7 +23,7 @@ TINY = "test/cpu_test/tiny_simclr"
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("to", ["process", "process group"])
+@pytest.mark.parametrize("to", [pytest.param("process", marks=pytest.mark.slow), "process group"])
 def test_sigterm_saves_a_checkpoint_and_exits_with_the_documented_code(tmp_path, to):
     """SIGTERM to the process, or to its whole process group as `timeout`, `kill -- -PGID`
     and SLURM's scancel send it: the data loader workers get it too, and must not die."""

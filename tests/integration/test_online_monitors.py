@@ -55,6 +55,7 @@ def _train_and_compare(folder, epochs: int, *overrides: str) -> tuple[list[float
     return online, float(match.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_short_quick_start_online_knn_agrees_with_the_offline_tool(tmp_path) -> None:
     online, offline = _train_and_compare(

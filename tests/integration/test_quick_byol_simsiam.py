@@ -69,6 +69,7 @@ def assert_bitwise_equal(full: dict[str, torch.Tensor], resumed: dict[str, torch
     "name",
     ["byol", pytest.param("simsiam", marks=pytest.mark.slow)],  # SimSiam: no own state
 )
+@pytest.mark.slow
 def test_crash_and_resume_is_bitwise_exact(tmp_path: Path, name: str) -> None:
     """A crash right after iteration 7 (the iteration checkpoint at 6 is inside phase 1),
     then auto-resume: model, predictor and (BYOL) target network as if never stopped."""

@@ -85,6 +85,7 @@ TWO = [
 ]
 
 
+@pytest.mark.slow
 def test_two_processes_crash_and_resume_with_a_memory_per_process(tmp_path: Path) -> None:
     """Each process keeps the memory of its own samples; a crash inside epoch 1 (after
     its k-means) and auto-resume from the iteration checkpoint at 9 restores each

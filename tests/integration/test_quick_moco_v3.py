@@ -81,6 +81,7 @@ def assert_bitwise_equal(full: dict[str, torch.Tensor], resumed: dict[str, torch
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["moco_v3", "moco_v3_vit"])
 def test_crash_and_resume_is_bitwise_exact(tmp_path: Path, name: str) -> None:
     """A crash right after iteration 7 (the iteration checkpoint at 6 is inside phase 1),

@@ -89,6 +89,7 @@ TWO = [
 ]
 
 
+@pytest.mark.slow
 def test_two_processes_crash_and_resume_with_a_queue_per_rank(tmp_path: Path) -> None:
     """Each rank keeps its own support set; after a crash at iteration 7 and auto-resume,
     each rank's queue is its own again, bitwise as in the uninterrupted run."""

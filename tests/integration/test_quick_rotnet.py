@@ -41,5 +41,6 @@ RESUME = [
 ]
 
 
+@pytest.mark.slow
 def test_crash_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
     crash_and_resume_states(tmp_path, QUICK, RESUME, crash_after=7, checkpoint_at=6, last=8)

@@ -64,6 +64,7 @@ def assert_bitwise_equal(full: dict[str, torch.Tensor], resumed: dict[str, torch
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
+@pytest.mark.slow
 def test_crash_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
     """As tests/integration/test_exact_resume.py: a crash right after iteration 7 (the
     iteration checkpoint at 6 is inside phase 1), then auto-resume; the logged losses and

@@ -265,6 +265,7 @@ def test_resnet_standardized_convolutions() -> None:
 
 
 # ------------------------------------------------------------------------------ regnet
+@pytest.mark.slow
 def test_regnet_cpu_test_params_widths() -> None:
     widths, depths, _ = regnet_stage_params(**CPU_TEST_REGNET)
     assert widths == [24, 56, 152, 368]

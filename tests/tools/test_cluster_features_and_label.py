@@ -133,6 +133,7 @@ def test_features_are_clustered_and_every_digit_gets_its_nearest_centroid(
             assert len(np.unique(labels)) == K
 
 
+@pytest.mark.slow
 def test_step2_trains_a_fresh_trunk_on_the_cluster_labels(step1: dict[str, Any]) -> None:
     labels = step1["labels"]
     out = step1["root"] / "step2"
