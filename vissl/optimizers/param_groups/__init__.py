@@ -24,25 +24,12 @@ dicts with:
 
 from __future__ import annotations
 
-from typing import Any
-
-from vissl.utils.imports import import_submodules
-from vissl.utils.registry import Registry
-
-PARAM_GROUP_CONSTRUCTOR_REGISTRY: Registry[Any] = Registry(
-    "param group constructor", config_key="config.OPTIMIZER.param_group_constructor"
+from vissl.optimizers.param_groups.registry import (
+    PARAM_GROUP_CONSTRUCTOR_REGISTRY,
+    get_param_group_constructor,
+    register_param_group_constructor,
 )
-
-
-def register_param_group_constructor(name: str) -> Any:
-    """Decorator registering a param-group constructor under ``name``."""
-    return PARAM_GROUP_CONSTRUCTOR_REGISTRY.register(name)
-
-
-def get_param_group_constructor(name: str) -> Any:
-    """The constructor registered as ``name`` (UnknownNameError lists the names)."""
-    return PARAM_GROUP_CONSTRUCTOR_REGISTRY.get(name)
-
+from vissl.utils.imports import import_submodules
 
 import_submodules(__name__)
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.optimizers._checks import get_bool, get_number, get_section
-from vissl.optimizers.param_groups import register_param_group_constructor
+from vissl.optimizers.param_groups.registry import register_param_group_constructor
 
 _PATH = "config.OPTIMIZER"
 

@@ -16,8 +16,8 @@ from typing import Any
 from torch import nn
 
 from vissl.optimizers._checks import get_number
-from vissl.optimizers.param_groups import register_param_group_constructor
 from vissl.optimizers.param_groups.default import non_regularized_substrings
+from vissl.optimizers.param_groups.registry import register_param_group_constructor
 
 _PATH = "config.OPTIMIZER"
 

@@ -33,7 +33,6 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.optimizers._checks import get_bool, get_number, get_section
-from vissl.optimizers.param_groups import register_param_group_constructor
 from vissl.optimizers.param_groups.default import (
     NORM_TYPES,
     is_bias,
@@ -41,6 +40,7 @@ from vissl.optimizers.param_groups.default import (
     non_regularized_substrings,
 )
 from vissl.optimizers.param_groups.dino import dino_regularized
+from vissl.optimizers.param_groups.registry import register_param_group_constructor
 
 _PATH = "config.OPTIMIZER"
 #: the trunks with a depth rule

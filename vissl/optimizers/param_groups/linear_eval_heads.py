@@ -27,8 +27,8 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.optimizers._checks import get_bool, get_number
-from vissl.optimizers.param_groups import register_param_group_constructor
 from vissl.optimizers.param_groups.default import NORM_TYPES, is_bias, non_regularized_substrings
+from vissl.optimizers.param_groups.registry import register_param_group_constructor
 
 logger = logging.getLogger(__name__)
 
