@@ -44,6 +44,13 @@ no renaming. VISSL's ``classy_vit`` trunk (ClassyVision's VisionTransformer unde
 ClassyVision's attention has biases, so the trunk needs ``QKV_BIAS: True``; its ``gap``
 classifier has no class token and does not map.
 
+**ResNet.** ClassyVision's ResNe(X)t names (VISSL's ``convert_classy_vision_to_vissl_resnet``
+reads them) map to our ``resnet`` trunk's (torchvision's under ``_feature_blocks.``):
+``initial_block._module.{0,1}`` -> ``conv1`` / ``bn1``, ``blocks.{s}.block{s}-{i}`` ->
+``layer{s+1}.{i}``, ``convolutional_block.{0,1,3,4,6}`` -> ``conv1`` / ``bn1`` / ``conv2`` /
+``bn2`` / ``conv3``, the block's ``bn`` -> ``bn3`` (``bn2`` in basic blocks), ``downsample``
+unchanged.
+
 **A trunk's own names.** A plain state dict whose names are the model's trunk names
 without ``trunk.`` (VISSL trunk exports such as ``_feature_blocks.conv1.weight``, DINO's
 ``dino_deitsmall16_pretrain.pth``) gets the ``trunk.`` prefix
@@ -125,6 +132,16 @@ _CLASSY_VIT_IN_LAYER = {
 }
 
 
+_CLASSY_RESNET_KEY = re.compile(
+    r"^(?P<pre>(?:trunk\.)?(?:base_model\.)?)(?P<rest>(?:initial_block\._module|blocks)\..+)$"
+)
+_CLASSY_RESNET_BLOCK = re.compile(r"^blocks\.(\d+)\.block\1-(\d+)\.(.+)$")
+_OUR_RESNET_BLOCK = re.compile(r"^layer(\d+)\.(\d+)\.(.+)$")
+# inside a block: ClassyVision's convolutional_block index -> torchvision's layer
+_CLASSY_CONV_BLOCK = {"0": "conv1", "1": "bn1", "3": "conv2", "4": "bn2", "6": "conv3"}
+_OUR_CONV_BLOCK = {v: k for k, v in _CLASSY_CONV_BLOCK.items()}
+
+
 def strip_wrappers(name: str) -> str:
     """``name`` without FSDP / activation-checkpointing wrapper levels and a leading
     ``module.`` (DDP)."""
@@ -172,6 +189,53 @@ def vissl_name_to_classy_model(rest: str) -> str:
     return rest
 
 
+def classy_resnet_name_to_ours(rest: str, bottleneck: bool) -> str:
+    """A ClassyVision ResNe(X)t trunk name as our ``resnet`` trunk's (after
+    ``_feature_blocks.``, i.e. torchvision's)."""
+    if rest.startswith("initial_block._module."):
+        inner = rest[len("initial_block._module.") :]
+        index, _, param = inner.partition(".")
+        return {"0": "conv1.", "1": "bn1."}.get(index, f"initial_block._module.{index}.") + param
+    match = _CLASSY_RESNET_BLOCK.match(rest)
+    if not match:
+        return rest
+    stage, block, inner = int(match.group(1)), match.group(2), match.group(3)
+    if inner.startswith("convolutional_block."):
+        index, _, param = inner[len("convolutional_block.") :].partition(".")
+        inner = f"{_CLASSY_CONV_BLOCK.get(index, 'convolutional_block.' + index)}.{param}"
+    elif inner.startswith("bn."):
+        inner = ("bn3." if bottleneck else "bn2.") + inner[len("bn.") :]
+    return f"layer{stage + 1}.{block}.{inner}"
+
+
+def resnet_name_to_classy(rest: str, bottleneck: bool) -> str:
+    """Our ``resnet`` trunk name (after ``_feature_blocks.``) as ClassyVision's ResNe(X)t
+    name; the inverse of :func:`classy_resnet_name_to_ours`."""
+    stem = {"conv1.": "initial_block._module.0.", "bn1.": "initial_block._module.1."}
+    for ours, theirs in stem.items():
+        if rest.startswith(ours):
+            return theirs + rest[len(ours) :]
+    match = _OUR_RESNET_BLOCK.match(rest)
+    if not match:
+        return rest
+    stage, block, inner = int(match.group(1)) - 1, match.group(2), match.group(3)
+    layer, _, param = inner.partition(".")
+    final_bn = "bn3" if bottleneck else "bn2"
+    if layer == final_bn:
+        inner = "bn." + param
+    elif layer in _OUR_CONV_BLOCK:
+        inner = f"convolutional_block.{_OUR_CONV_BLOCK[layer]}.{param}"
+    return f"blocks.{stage}.block{stage}-{block}.{inner}"
+
+
+def is_resnet_model(model_keys: Iterable[str]) -> bool:
+    """Whether a model's (or trunk's) state dict keys are those of our ``resnet`` trunk."""
+    keys = list(model_keys)
+    return any(k.endswith(FEATURE_BLOCKS + "conv1.weight") for k in keys) and any(
+        FEATURE_BLOCKS + "layer1.0.conv1.weight" in k for k in keys
+    )
+
+
 def is_regnet_model(model_keys: Iterable[str]) -> bool:
     """Whether a model's (or trunk's) state dict keys are those of our ``regnet`` trunk."""
     keys = list(model_keys)
@@ -216,6 +280,22 @@ def _map_regnet(state: Mapping[str, Any]) -> tuple[dict[str, Any], bool] | None:
         seer = seer or grouped
         out[_trunk_prefix(pre) + FEATURE_BLOCKS + regnet_name_to_ours(rest)] = value
     return (out, seer) if found else None
+
+
+def _map_classy_resnet(state: Mapping[str, Any]) -> dict[str, Any] | None:
+    names = [strip_wrappers(str(k)) for k in state]
+    if not any(n.endswith("initial_block._module.0.weight") for n in names):
+        return None
+    bottleneck = any(n.endswith(".convolutional_block.6.weight") for n in names)
+    out: dict[str, Any] = {}
+    for name, value in zip(names, state.values(), strict=True):
+        match = _CLASSY_RESNET_KEY.match(name)
+        if not match:
+            out[name] = value
+            continue
+        rest = classy_resnet_name_to_ours(match.group("rest"), bottleneck)
+        out[_trunk_prefix(match.group("pre")) + FEATURE_BLOCKS + rest] = value
+    return out
 
 
 def _map_classy_vit(state: Mapping[str, Any], source: str) -> dict[str, Any] | None:
@@ -273,7 +353,7 @@ def map_vissl_state_dict(
     Returns:
         The renamed state dict (trunk names ``trunk.[base_model.]<ours>``; other names
         unchanged but for wrapper levels), or None when the model is no ``regnet`` /
-        ``vision_transformer`` trunk or the file does not use those names.
+        ``resnet`` / ``vision_transformer`` trunk or the file does not use those names.
 
     Raises:
         ConfigError: a ClassyVision ViT without class token for a ``vision_transformer``.
@@ -286,6 +366,9 @@ def map_vissl_state_dict(
         if regnet is not None:
             mapped, seer = regnet
             layout = "SEER's grouped RegNet" if seer else "VISSL / ClassyVision RegNet"
+    elif is_resnet_model(keys):
+        mapped = _map_classy_resnet(state)
+        layout = "ClassyVision ResNe(X)t"
     elif is_vit_model(keys):
         mapped = _map_classy_vit(state, source)
         layout = "VISSL classy_vit (ClassyVision VisionTransformer)"

@@ -93,10 +93,23 @@ def _vissl_model(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _nested(prefix: str, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": t}}`` -> ``{prefix + "a.b": t}`` (ClassyVision nests heads by block)."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, Mapping):
+            out.update(_nested(f"{prefix}{key}.", value))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _flatten_vissl_state(model: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"trunk": {"x": t}, "heads": {"y": t}}`` -> ``{"trunk.x": t, "heads.y": t}``."""
-    flat = {f"trunk.{k}": v for k, v in (model.get("trunk") or {}).items()}
-    flat.update({f"heads.{k}": v for k, v in (model.get("heads") or {}).items()})
+    """``{"trunk": {"x": t}, "heads": {"y": t}}`` -> ``{"trunk.x": t, "heads.y": t}``; a
+    ClassyVision checkpoint's heads ``{"block3-2": {"default_head": {"fc.weight": t}}}``
+    become ``heads.block3-2.default_head.fc.weight``."""
+    flat = _nested("trunk.", model.get("trunk") or {})
+    flat.update(_nested("heads.", model.get("heads") or {}))
     flat.update(model.get("other") or {})
     return flat
 
