@@ -201,7 +201,8 @@ def convert_dino(
     loaded: Mapping[str, Any], model: str, num_heads: int | None, trunk_only: bool, what: str
 ) -> Converted:
     """A facebookresearch/dino checkpoint (full or backbone only) in vissl's layout."""
-    if "teacher" in loaded or "student" in loaded:
+    full = "teacher" in loaded or "student" in loaded
+    if full:
         if model not in loaded:
             raise ScriptError(
                 f"{what} has no {model!r} (its keys: {sorted(map(str, loaded))[:8]})."
@@ -236,7 +237,7 @@ def convert_dino(
             f"(conv1, layer1); its keys look like {sorted(backbone)[:3]}."
         )
     heads: dict[str, torch.Tensor] = {}
-    summary = f"the DINO {model}'s {kind} trunk"
+    summary = f"the DINO {model if full else 'backbone'}'s {kind} trunk"
     if head and not trunk_only:
         heads, params = dino_head(head, what)
         _check_head(params, heads, what)

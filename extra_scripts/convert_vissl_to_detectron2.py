@@ -118,6 +118,20 @@ def detectron2_config(shape: ResNetShape, input_type: str) -> dict[str, Any]:
     }
 
 
+def yaml_lines(config: Mapping[str, Any], indent: str = "") -> list[str]:
+    """``config`` as YAML: nested mappings as blocks, lists on one line."""
+    lines = []
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            lines += [f"{indent}{key}:", *yaml_lines(value, indent + "  ")]
+        else:
+            text = (
+                yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            )
+            lines.append(f"{indent}{key}: {text}")
+    return lines
+
+
 def _input_type(checkpoint: Mapping[str, Any]) -> str:
     text = checkpoint.get("config")
     if not isinstance(text, str):
@@ -221,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"wrote a detectron2 ResNet-{shape.depth} backbone ({len(pkl['model'])} arrays) to {target}"
     )
     print("detectron2 config for it (MODEL.WEIGHTS: the file):")
-    print(yaml.safe_dump(detectron2_config(shape, input_type), sort_keys=False).rstrip())
+    print("\n".join(yaml_lines(detectron2_config(shape, input_type))))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""VISSL's and ClassyVision's parameter names for our ``regnet`` and ``vision_transformer``.
+"""VISSL's and ClassyVision's parameter names for our ``regnet``, ``resnet`` and ``vision_transformer``.
 
 ``MODEL.WEIGHTS_INIT`` (vissl/utils/weights_init.py) calls :func:`map_vissl_state_dict`
 on every weights file: when the file's names are VISSL's or ClassyVision's and the model
@@ -244,11 +244,17 @@ def is_regnet_model(model_keys: Iterable[str]) -> bool:
     )
 
 
+_OUR_VIT_KEY = re.compile(
+    r"^(?:trunk\.)?(?:base_model\.)?(?:cls_token|blocks\.0\.attn\.qkv\.weight)$"
+)
+
+
 def is_vit_model(model_keys: Iterable[str]) -> bool:
-    """Whether a model's state dict keys are those of our ``vision_transformer`` trunk."""
-    keys = list(model_keys)
-    return any(k.endswith("cls_token") for k in keys) and any(
-        k.endswith("blocks.0.attn.qkv.weight") for k in keys
+    """Whether a model's state dict keys are those of our ``vision_transformer`` trunk (not
+    a timm ViT under ``timm_model.``)."""
+    matched = [k for k in model_keys if _OUR_VIT_KEY.match(k)]
+    return any(k.endswith("cls_token") for k in matched) and any(
+        k.endswith("qkv.weight") for k in matched
     )
 
 
