@@ -53,6 +53,9 @@ from typing import Any
 
 import torch
 import yaml
+
+# the sibling scripts, also when this file is run by runpy (as the docs checks do)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import HelpFormatter, ScriptError, one_line, run_script
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet

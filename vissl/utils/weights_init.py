@@ -15,7 +15,10 @@ Keys, as in VISSL:
   checkpoints already carry ``trunk.`` / ``heads.`` names, so these are not applied to them.
 
 Trunk keys are adapted to the model: a pretraining trunk (``trunk.x``) loads into a
-linear-evaluation trunk (``trunk.base_model.x``) and back.
+linear-evaluation trunk (``trunk.base_model.x``) and back. VISSL's RegNet names
+(ClassyVision's blocks, SEER's grouped stages) and ``classy_vit`` names are renamed to our
+``regnet`` / ``vision_transformer`` names (vissl/utils/vissl_key_maps.py); a plain state
+dict of a trunk's own names (a VISSL trunk export, DINO's backbone file) gets ``trunk.``.
 
 Heads follow VISSL's rule: they are loaded when ``FEATURE_EVAL_SETTINGS.EVAL_MODE_ON`` is
 off (fine-tuning) or when ``EVAL_TRUNK_AND_HEAD`` is on (the pretraining head is evaluated).
@@ -44,6 +47,7 @@ from vissl.utils.external_weights import (
     load_weights_file,
     map_external_state_dict,
 )
+from vissl.utils.vissl_key_maps import map_vissl_state_dict, prefix_trunk_names
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +93,23 @@ def _vissl_model(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _nested(prefix: str, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": t}}`` -> ``{prefix + "a.b": t}`` (ClassyVision nests heads by block)."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, Mapping):
+            out.update(_nested(f"{prefix}{key}.", value))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _flatten_vissl_state(model: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"trunk": {"x": t}, "heads": {"y": t}}`` -> ``{"trunk.x": t, "heads.y": t}``."""
-    flat = {f"trunk.{k}": v for k, v in (model.get("trunk") or {}).items()}
-    flat.update({f"heads.{k}": v for k, v in (model.get("heads") or {}).items()})
+    """``{"trunk": {"x": t}, "heads": {"y": t}}`` -> ``{"trunk.x": t, "heads.y": t}``; a
+    ClassyVision checkpoint's heads ``{"block3-2": {"default_head": {"fc.weight": t}}}``
+    become ``heads.block3-2.default_head.fc.weight``."""
+    flat = _nested("trunk.", model.get("trunk") or {})
+    flat.update(_nested("heads.", model.get("heads") or {}))
     flat.update(model.get("other") or {})
     return flat
 
@@ -253,9 +270,16 @@ def init_model_from_checkpoint(
     renamed = source_state if is_vissl else _rename(source_state, remove, append)
     target = model.state_dict()
     skip = [str(s) for s in (weights_cfg.get("SKIP_LAYERS") or []) if s]
-    if not is_vissl and not (remove or append):
-        # torchvision / timm names for the resnet / timm trunk (vissl/utils/external_weights.py)
+    # VISSL's / ClassyVision's RegNet and classy_vit names (vissl/utils/vissl_key_maps.py)
+    vissl_names = map_vissl_state_dict(renamed, target, source)
+    if vissl_names is not None:
+        renamed = vissl_names
+    elif not is_vissl and not (remove or append):
+        # torchvision / timm names for the resnet / timm trunk (vissl/utils/external_weights.py),
+        # else a trunk's own names without ``trunk.`` (a VISSL or DINO trunk state dict)
         external = map_external_state_dict(renamed, target, skip, source)
+        if external is None:
+            external = prefix_trunk_names(renamed, target, source)
         renamed = external if external is not None else renamed
     renamed = _adapt_trunk_keys(renamed, target)
 

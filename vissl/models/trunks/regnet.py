@@ -15,8 +15,15 @@ Stage widths are computed in float64 as ClassyVision does, and the network is
 torchvision's ``RegNet`` (stem, ``trunk_output`` stages). Features, as in VISSL:
 ``conv1`` (stem), ``res2``, ``res3``, ... (one per stage), ``avgpool`` (N x C x 1 x 1;
 alias ``res5avg`` when there are 4 stages) and ``flatten`` (N x C, the default output).
-Parameter names follow torchvision, not ClassyVision, so VISSL RegNet checkpoints need
-a key conversion.
+Parameter names follow torchvision, not ClassyVision; ``MODEL.WEIGHTS_INIT`` renames VISSL's
+RegNet checkpoints (ClassyVision's names, SEER's grouped stages) to ours
+(vissl/utils/vissl_key_maps.py).
+
+VISSL's ``regnet_fsdp`` and ``regnet_v2`` trunks (SEER's) are this trunk too: their
+parameters are the same, FSDP sharding comes from ``TRAINER.TASK_NAME:
+self_supervision_fsdp_task``, and their ``stage_checkpoints`` / ``stage_checkpointing``
+keys (which blocks FSDP and activation checkpointing group) are accepted and not used:
+activation checkpointing follows ``MODEL.ACTIVATION_CHECKPOINTING``.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ OPTIONAL_KEYS: dict[str, Any] = {
     "bn_momentum": 0.1,
 }
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "silu": nn.SiLU}
+#: Keys of VISSL's regnet_fsdp / regnet_v2 trunks that only group blocks for FSDP wrapping
+#: and activation checkpointing: accepted, not used.
+GROUPING_KEYS = ("stage_checkpoints", "stage_checkpointing")
 
 #: ClassyVision's named RegNets: name -> generating parameters.
 NAMED_REGNETS: dict[str, dict[str, Any]] = {
@@ -137,14 +147,21 @@ def _read_params(trunk_config: Mapping[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if "name" in trunk_config:
         params.update(_named_params(str(trunk_config["name"])))
-    allowed = {"name", *REQUIRED_KEYS, *OPTIONAL_KEYS}
+    allowed = {"name", *REQUIRED_KEYS, *OPTIONAL_KEYS, *GROUPING_KEYS}
     for key, value in trunk_config.items():
         if key not in allowed:
             raise ConfigError(
                 f"{_KEY}.{key} is not a RegNet parameter; allowed keys: {sorted(allowed)}.",
                 f"{_KEY}.{key}",
             )
-        if key != "name":
+        if key in GROUPING_KEYS:
+            logger.info(
+                "%s.%s only groups blocks for VISSL's FSDP wrapping; not used here "
+                "(activation checkpointing follows MODEL.ACTIVATION_CHECKPOINTING).",
+                _KEY,
+                key,
+            )
+        elif key != "name":
             params[key] = value
     for key in REQUIRED_KEYS:
         if key not in params:
@@ -262,3 +279,8 @@ class RegNet(nn.Module):
             use_checkpointing=self.use_checkpointing,
             checkpointing_splits=self.num_checkpointing_splits,
         )
+
+
+# VISSL's SEER trunks: the same parameters (see the module docstring)
+register_model_trunk("regnet_fsdp")(RegNet)
+register_model_trunk("regnet_v2")(RegNet)
