@@ -2,8 +2,10 @@
 
 One :class:`~vissl.meters.mean_ap_meter.MeanAPMeter` per output (``num_meters``: several
 heads, or the layers of ``LINEAR_EVAL_FEAT_POOL_OPS_MAP``), all against the same
-``(B, C)`` targets (1 present, 0 absent, -1 ignored). Outputs are logits: the meter takes
-their sigmoid, as VISSL does.
+``(B, C)`` targets (1 present, 0 absent, -1 ignored). Outputs are logits. AP depends only
+on the order of the scores, so the logits themselves are ranked: VISSL ranked their
+sigmoid, the same order except where float32's sigmoid rounds large logits (above about
+17) to a tie at 1.0.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ class MeanAPListMeter:
         target: torch.Tensor,
         valid: torch.Tensor | None = None,
     ) -> None:
-        """Add one batch: the sigmoid of each ``(B, C)`` output against ``(B, C)`` targets.
+        """Add one batch: each ``(B, C)`` output (ranked as its sigmoid would be) against
+        ``(B, C)`` targets.
 
         Args:
             model_output: a ``(B, C)`` tensor of logits, or a list of ``num_meters`` of them.
@@ -136,7 +139,7 @@ class MeanAPListMeter:
         for meter, out in zip(self._meters, outputs, strict=True):
             if not isinstance(out, torch.Tensor):
                 raise ValueError(f"{self.name}: each model output must be a tensor.")
-            meter.update(torch.sigmoid(out.detach().float()), target, valid=valid)
+            meter.update(out.detach().float(), target, valid=valid)
 
     @property
     def value(self) -> dict[str, dict[Any, Any]]:
