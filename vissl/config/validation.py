@@ -75,7 +75,6 @@ POLYMORPHIC = {
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
 VISSL_UNSUPPORTED_PREFIXES = (
     "MONITORING",
-    "IMG_RETRIEVAL",
     "GEO_LOCALIZATION",
     "RANKING",
     "DISTILLATION",
@@ -117,6 +116,11 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     # apex's O2/O3 (half-precision weights) have no torch AMP equivalent; O1 is autocast.
     "MODEL.AMP_PARAMS.AMP_ARGS.opt_level": "O1",
     "CHECKPOINT.BACKEND": "disk",
+    # tools/instance_retrieval_test.py runs the model itself, image by image, and scores
+    # the revisited sets in Python
+    "IMG_RETRIEVAL.USE_FEATURE_EXTRACTION_ENGINE": False,
+    "IMG_RETRIEVAL.FEATURE_EXTRACTION_DIR": "",
+    "IMG_RETRIEVAL.EVAL_BINARY_PATH": "",
     # VISSL's low-shot SVM (tools/train_svm_low_shot.py: VOC/Places205 samples of k
     # positives per class) is not implemented; tools/low_shot_test.py draws k samples per
     # class from LOW_SHOT_BENCHMARK.{SAMPLES_PER_CLASS, LOGISTIC_REGRESSION.SEEDS} instead.
