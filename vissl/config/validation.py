@@ -120,12 +120,6 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "IMG_RETRIEVAL.USE_FEATURE_EXTRACTION_ENGINE": False,
     "IMG_RETRIEVAL.FEATURE_EXTRACTION_DIR": "",
     "IMG_RETRIEVAL.EVAL_BINARY_PATH": "",
-    # VISSL's low-shot SVM (tools/train_svm_low_shot.py: VOC/Places205 samples of k
-    # positives per class) is not implemented; tools/low_shot_test.py draws k samples per
-    # class from LOW_SHOT_BENCHMARK.{SAMPLES_PER_CLASS, LOGISTIC_REGRESSION.SEEDS} instead.
-    "SVM.low_shot.dataset_name": "voc",
-    "SVM.low_shot.sample_inds": [1, 2, 3, 4, 5],
-    "SVM.low_shot.k_values": [1, 2, 4, 8, 16, 32, 64, 96],
 }
 
 # Keys whose null means "the default" (VISSL's configs often carry null there).
