@@ -177,6 +177,12 @@ def retrieval_settings(ir: Any) -> RetrievalSettings:
         raise ConfigError(
             f"{_IR}.GEM_POOL_POWER must be > 0, got {power!r}.", f"{_IR}.GEM_POOL_POWER"
         )
+    if ir.USE_DISTRACTORS:
+        logger.info(
+            "%s.USE_DISTRACTORS has no effect on the revisited sets (VISSL used it for "
+            "Copydays and its feature-extraction path).",
+            _IR,
+        )
     if not str(ir.DATASET_PATH):
         raise ConfigError(
             f"{_IR}.DATASET_PATH is empty: give the folder holding the data set folders "
