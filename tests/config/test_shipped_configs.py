@@ -41,6 +41,7 @@ REAL_DATA_BENCHMARKS = (
     "benchmark/linear_image_classification/imagenet1k/",
     "benchmark/linear_image_classification/cifar10/",
     "benchmark/svm/voc07/",
+    "benchmark/linear_image_classification/voc07/",
 )
 BENCHMARK_OVERRIDES = [
     *CPU_OVERRIDES,

@@ -181,6 +181,7 @@ def test_shipped_linear_config_heads_fit_the_pooled_features(name: str) -> None:
     with torch.no_grad():
         out = model(torch.randn(2, 3, size, size))
     pool_map = cfg.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP
-    assert len(out) == len(pool_map) == cfg.METERS.accuracy_list_meter.num_meters
-    assert cfg.METERS.accuracy_list_meter.meter_names == [item[0] for item in pool_map]
+    meter = cfg.METERS[cfg.METERS.names[0]]  # accuracy_list_meter, or mean AP (VOC07)
+    assert len(out) == len(pool_map) == meter.num_meters
+    assert meter.meter_names == [item[0] for item in pool_map]
     assert all(o.shape[0] == 2 and o.ndim == 2 for o in out)

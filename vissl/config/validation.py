@@ -75,9 +75,7 @@ POLYMORPHIC = {
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
 VISSL_UNSUPPORTED_PREFIXES = (
     "MONITORING",
-    "IMG_RETRIEVAL",
     "GEO_LOCALIZATION",
-    "RANKING",
     "DISTILLATION",
     "MODEL.SHARDED_DDP_SETUP",
     "MODEL.FSDP_CONFIG",
@@ -89,10 +87,7 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "DATA.TRAIN.POWER_LAW_SAMPLER",
     "DATA.TEST.POWER_LAW_SAMPLER",
     "DATA.TRAIN.TRANSFORMS_AUGLY",
-    "METERS.mean_ap_list_meter",
-    "METERS.mean_ap_meter",
     "METERS.model_output_mask",
-    "LOSS.bce_logits_multiple_output_single_target",
     "LOSS.ibot_loss",
     "LOSS.msn_loss",
     "LOSS.distillation_loss",
@@ -120,12 +115,11 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     # apex's O2/O3 (half-precision weights) have no torch AMP equivalent; O1 is autocast.
     "MODEL.AMP_PARAMS.AMP_ARGS.opt_level": "O1",
     "CHECKPOINT.BACKEND": "disk",
-    # VISSL's low-shot SVM (tools/train_svm_low_shot.py: VOC/Places205 samples of k
-    # positives per class) is not implemented; tools/low_shot_test.py draws k samples per
-    # class from LOW_SHOT_BENCHMARK.{SAMPLES_PER_CLASS, LOGISTIC_REGRESSION.SEEDS} instead.
-    "SVM.low_shot.dataset_name": "voc",
-    "SVM.low_shot.sample_inds": [1, 2, 3, 4, 5],
-    "SVM.low_shot.k_values": [1, 2, 4, 8, 16, 32, 64, 96],
+    # tools/instance_retrieval_test.py runs the model itself, image by image, and scores
+    # the revisited sets in Python
+    "IMG_RETRIEVAL.USE_FEATURE_EXTRACTION_ENGINE": False,
+    "IMG_RETRIEVAL.FEATURE_EXTRACTION_DIR": "",
+    "IMG_RETRIEVAL.EVAL_BINARY_PATH": "",
 }
 
 # Keys whose null means "the default" (VISSL's configs often carry null there).

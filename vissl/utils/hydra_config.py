@@ -190,9 +190,17 @@ def _infer(config: dict[str, Any]) -> None:
         simclr["buffer_params"]["effective_batch_size"] = (
             2 * world_size * int(config["DATA"]["TRAIN"]["BATCHSIZE_PER_REPLICA"])
         )
+    bce = config["LOSS"].get("bce_logits_multiple_output_single_target")
+    if isinstance(bce, dict):
+        bce["world_size"] = world_size
 
 
-_LIST_METERS = ("accuracy_list_meter", "precision_at_k_list_meter", "recall_at_k_list_meter")
+_LIST_METERS = (
+    "accuracy_list_meter",
+    "precision_at_k_list_meter",
+    "recall_at_k_list_meter",
+    "mean_ap_list_meter",
+)
 
 
 def _infer_list_meters(config: dict[str, Any]) -> None:
