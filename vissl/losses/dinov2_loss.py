@@ -29,7 +29,8 @@ iterations, then constant):
   with ``center_momentum``.
 - ``centering: sinkhorn_knopp``: ``sinkhorn_knopp_iterations`` of Sinkhorn-Knopp on
   ``exp(t / tau_t)`` over the global batch: the [CLS] rows of every rank, and the masked
-  patch rows of every rank (their all-reduced count); the centers are not used.
+  patch rows of every rank, each with its all-reduced count (DINOv2 counts the [CLS] rows
+  as rows x world size, the same with equal batches); the centers are not used.
 
 Returns ``{"loss", "dino_loss", "koleo_loss", "ibot_loss"}`` (the unweighted parts are
 logged as ``loss.dino_loss`` etc.).
@@ -228,10 +229,15 @@ class DINOv2Loss(MaskedDistillationLoss):
         tau = self.teacher_temp
         if self.centering == "sinkhorn_knopp":
             iters = self.sinkhorn_knopp_iterations
-            global_masked = all_reduce_sum(num_masked.detach().float().clone().reshape(1))
+            # the global numbers of [CLS] and masked rows, in one all-reduce (DINOv2 takes
+            # rows x world size for the [CLS] rows: the same with equal batches)
+            counts = torch.stack(
+                [num_masked.new_tensor(t_cls.shape[0]), num_masked.reshape(())]
+            ).float()
+            all_reduce_sum(counts)
             return (
-                sinkhorn_knopp_targets(t_cls, tau, iters),
-                sinkhorn_knopp_targets(t_rows, tau, iters, num_samples=global_masked),
+                sinkhorn_knopp_targets(t_cls, tau, iters, num_samples=counts[0]),
+                sinkhorn_knopp_targets(t_rows, tau, iters, num_samples=counts[1]),
             )
         cls_targets = torch.softmax((t_cls.float() - self.center) / tau, dim=-1)
         patch_targets = torch.softmax((t_rows.float() - self.patch_center) / tau, dim=-1)
