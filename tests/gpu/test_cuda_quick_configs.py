@@ -32,6 +32,8 @@ QUICK = [
     "test/integration_test/quick_pirl",
     "test/integration_test/quick_deepcluster_v2",
     "test/integration_test/quick_mae",
+    "test/integration_test/quick_ibot",
+    "test/integration_test/quick_dinov2",
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]

@@ -28,6 +28,7 @@ def _flat(model: dict) -> dict[str, torch.Tensor]:
     [
         ("test/integration_test/quick_moco", "momentum_encoder.", True),
         ("test/integration_test/quick_dino", "teacher.", True),
+        ("test/integration_test/quick_ibot", "teacher.", True),
         # SwAV normalises its prototypes after every step: equal to rounding
         ("test/integration_test/quick_swav_momentum", "momentum_encoder.", False),
     ],

@@ -58,6 +58,8 @@ POLYMORPHIC = {
     "MODEL.TRUNK.VISION_TRANSFORMERS.QK_SCALE": (bool, int, float),
     # False: no layer scale; a number: its initial value
     "MODEL.TRUNK.BEIT.INIT_VALUES": (bool, int, float),
+    # layer scale of vision_transformer: False (off) or its initial value (DINOv2: 1e-5)
+    "MODEL.TRUNK.VISION_TRANSFORMERS.INIT_VALUES": (bool, int, float),
     "DISTRIBUTED.NCCL_SOCKET_NTHREADS": (int, str),
     "DISTRIBUTED.RUN_ID": (str, int),
     "LOSS.cross_entropy_multiple_output_single_target.weight": (list, type(None)),
@@ -88,7 +90,6 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "DATA.TEST.POWER_LAW_SAMPLER",
     "DATA.TRAIN.TRANSFORMS_AUGLY",
     "METERS.model_output_mask",
-    "LOSS.ibot_loss",
     "LOSS.msn_loss",
     "LOSS.distillation_loss",
     "LOSS.swav_distillation_loss",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -205,6 +205,36 @@ def parse_frozen_params_map(entries: Sequence[Any]) -> dict[str, int]:
     return result
 
 
+def resolve_parameter_name(name: str, model: torch.nn.Module, named: Mapping[str, Any]) -> str | None:
+    """The name in ``named`` (the model's parameters) of the parameter ``name`` stands for.
+
+    ``name`` may reach a parameter through a module attribute that is not registered
+    (``ibot_head``'s ``prototypes1`` is ``prototypes0`` when the head is shared), and may
+    use VISSL's ``torch.nn.utils.weight_norm`` names: ``<layer>.weight_v`` for the
+    direction and ``<layer>.weight_g`` for the row norms of a weight-normalised last layer
+    (DINO's, iBOT's heads); ours are ``<layer>.weight`` and, when learnable
+    (``normalize_last_layer: False``), ``<layer>.scale``.
+
+    Returns:
+        ``name`` itself when it is a parameter's name; ``""`` for a ``weight_g`` whose norm
+        is fixed (no parameter to freeze); None when nothing matches.
+    """
+    if name in named:
+        return name
+    layer, _, attr = name.rpartition(".")
+    try:
+        module = model.get_submodule(layer) if layer else model
+    except AttributeError:
+        return None
+    ours = {"weight_v": "weight", "weight_g": "scale"}.get(attr, attr)
+    param = getattr(module, ours, None)
+    if param is None and attr == "weight_g" and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+        return ""
+    if not isinstance(param, torch.nn.Parameter):
+        return None
+    return next((n for n, p in named.items() if p is param), None)
+
+
 class FreezeParametersHook(VisslHook):
     """Keep the listed parameters unchanged for their first iterations (SwAV's prototypes).
 
@@ -224,6 +254,19 @@ class FreezeParametersHook(VisslHook):
 
     def on_start(self, task: SelfSupervisionTask) -> None:
         named = dict(task.base_model.named_parameters())
+        frozen: dict[str, int] = {}
+        for name, iters in self.frozen.items():
+            alias = resolve_parameter_name(name, task.base_model, named)
+            if alias == "":
+                logger.info(
+                    "%s: %s is the fixed row norm of a weight-normalised layer "
+                    "(normalize_last_layer), never trained: nothing to freeze",
+                    _FROZEN_KEY,
+                    name,
+                )
+                continue
+            frozen[alias or name] = iters
+        self.frozen = frozen
         unknown = sorted(n for n in self.frozen if n not in named)
         if unknown:
             from vissl.utils.registry import closest_match

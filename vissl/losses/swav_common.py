@@ -27,7 +27,11 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- Sinkhorn
 @torch.no_grad()
 def distributed_sinkhorn(
-    scores: torch.Tensor, epsilon: float, num_iters: int, use_double_precision: bool = False
+    scores: torch.Tensor,
+    epsilon: float,
+    num_iters: int,
+    use_double_precision: bool = False,
+    num_samples: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SwAV's codes: Sinkhorn-Knopp on ``exp(scores / epsilon)`` over the GLOBAL batch.
 
@@ -46,16 +50,22 @@ def distributed_sinkhorn(
         epsilon: the entropic regularisation (smaller: sharper codes).
         num_iters: Sinkhorn-Knopp iterations.
         use_double_precision: compute in float64 (else float32).
+        num_samples: ``B_global``, the number of rows over every rank; None: ``B_local x
+            world size`` (equal rows per rank). Ranks may then hold no row at all.
 
     Returns:
         ``(B_local, K)`` codes; each row sums to 1.
     """
     dtype = torch.float64 if use_double_precision else torch.float32
     logits = scores.detach().to(dtype) / epsilon
-    global_max = all_reduce_max(logits.max().reshape(1))
+    local_max = logits.max().reshape(1) if logits.numel() else logits.new_full((1,), -math.inf)
+    global_max = all_reduce_max(local_max)
     q = torch.exp(logits - global_max).t()  # K x B_local
     num_prototypes = q.shape[0]
-    num_samples = q.shape[1] * get_world_size()
+    if num_samples is None:
+        num_samples = q.shape[1] * get_world_size()
+    elif isinstance(num_samples, torch.Tensor):
+        num_samples = num_samples.to(q.dtype)
     total = all_reduce_sum(q.sum().reshape(1))
     q /= total
     for _ in range(int(num_iters)):

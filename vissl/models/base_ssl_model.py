@@ -112,7 +112,8 @@ def parse_multi_input_head_mapping(mapping: Any) -> list[InputHeadMapping]:
     VISSL's forms, one entry per input: ``[input_key, [feature_name, ...]]`` (PIRL:
     ``[["patches", ["flatten"]], ["images", ["flatten"]]]``; head i for entry i), or
     ``[input_key, {feat_names: [...], head_index: <int>, additional_keys: [...]}]``:
-    ``head_index`` picks the head (default: entry i's), ``additional_keys`` names batch
+    ``head_index`` picks the head (default: head i for entry i, the last head for the
+    entries beyond the number of heads, as in VISSL), ``additional_keys`` names batch
     entries (listed in INPUT_KEY_NAMES, e.g. a patch ``mask``) given to the trunk's
     ``forward`` as keyword arguments, and to a head whose ``forward`` has a parameter of
     that name.
@@ -406,8 +407,11 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         the entry names its ``head_index``), each able to take its input's trunk features.
         Finds, per entry, the additional keys its head's ``forward`` takes."""
         mapping = self.input_head_mapping
+        # VISSL's default: entry i uses head i, the last head for entries beyond it (iBOT's
+        # global and local views share one head)
+        last = max(len(self.heads) - 1, 0)
         self._head_of_entry = [
-            i if m.head_index is None else m.head_index for i, m in enumerate(mapping)
+            min(i, last) if m.head_index is None else m.head_index for i, m in enumerate(mapping)
         ]
         if sorted(set(self._head_of_entry)) != list(range(len(self.heads))):
             raise ConfigError(
@@ -434,6 +438,22 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 [chain_names[h]] if self._parallel_heads else [[chain_names[h][0]]],
                 True,
             )
+
+    def head_for_input(self, key: str) -> tuple[list[str], nn.Module]:
+        """The trunk features and the head MULTI_INPUT_HEAD_MAPPING gives input ``key``
+        (a teacher runs them on an input of its own, e.g. iBOT's unmasked global views).
+
+        Raises:
+            ConfigError: no mapping entry for ``key``.
+        """
+        for i, entry in enumerate(self.input_head_mapping):
+            if entry.key == key:
+                return list(entry.feature_names), self.heads[self._head_of_entry[i]]
+        raise ConfigError(
+            f"config.MODEL.MULTI_INPUT_HEAD_MAPPING has no entry for input {key!r} (entries: "
+            f"{[m.key for m in self.input_head_mapping]}).",
+            _MAPPING_KEY,
+        )
 
     def _apply_freezing(self) -> None:
         fe = cfg_get(self.model_config, "FEATURE_EVAL_SETTINGS", {}) or {}

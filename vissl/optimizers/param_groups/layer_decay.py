@@ -6,7 +6,8 @@ heads learn at the schedule's rate and every layer below at ``decay`` times the 
 the layer above. VISSL's depths:
 
 - ``vision_transformer`` (``L`` = ``MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS``): 0 for
-  ``patch_embed``, ``pos_embed`` and ``cls_token``; ``i + 1`` for ``blocks.i``; ``L`` for
+  ``patch_embed``, ``pos_embed``, ``cls_token``, ``register_tokens`` and the mask token
+  ``masked_embed`` (DINOv2's rule); ``i + 1`` for ``blocks.i``; ``L`` for
   the rest of the trunk (its last norm); ``L + 1`` for the heads;
 - ``resnet`` (``L`` = 4 stages): 0 for the stem (``conv1``, ``bn1``); ``s`` for
   ``layer<s>``; 5 for the heads.
@@ -47,7 +48,7 @@ _PATH = "config.OPTIMIZER"
 SUPPORTED_TRUNKS = ("vision_transformer", "resnet")
 #: ResNet stages
 RESNET_STAGES = 4
-_VIT_EMBEDDINGS = ("patch_embed", "pos_embed", "cls_token")
+_VIT_EMBEDDINGS = ("patch_embed", "pos_embed", "cls_token", "register_tokens", "masked_embed")
 _VIT_BLOCK = re.compile(r"blocks\.([0-9]+)\.")
 _RESNET_STEM = ("_feature_blocks.conv1", "_feature_blocks.bn1")
 _RESNET_STAGE = re.compile(r"\.layer([0-9]+)\.")

@@ -1,0 +1,271 @@
+"""``ibot_loss``: iBOT's self-distillation (Zhou et al., *iBOT: Image BERT Pre-Training with
+Online Tokenizer*, ICLR 2022), VISSL's name and keys.
+
+A student sees the global crops with some patches replaced by a mask token, and the
+local crops; a teacher (an EMA copy of the student) sees the global crops unmasked. With
+``G`` global crops (``q``) and ``V = G + L`` crops in all (``v``), for sample ``i``::
+
+    P_t(q)_i    = softmax((t_q,i - c) / tau_t)           # the teacher's [CLS], centred
+    P_t(q)_i,j  = softmax((t_q,i,j - c2) / tau_t2)       # its patch j, centred
+    L_cls   = mean over (q, v != q) of mean_i  -sum P_t(q)_i log softmax(s_v,i / tau_s)
+    L_patch = mean over q of mean_i [ sum_j m_q,i,j * (-sum P_t(q)_i,j log softmax(
+                  s_q,i,j / tau_s)) / max(1, sum_j m_q,i,j) ]
+    loss    = lambda1 * L_cls + lambda2 * L_patch
+
+``m`` is the student's mask (True = masked): the patch term distils the teacher's view of
+each masked patch into the student's prediction there (masked image modelling with an
+online tokenizer); an image without masked patches adds 0 to its mean. After each training
+forward the centers follow the teacher over the GLOBAL batch (every rank's rows, divided
+by the true count): ``c`` its [CLS] outputs, ``c2`` its patch outputs (all patches),
+``c = center_momentum * c + (1 - center_momentum) * mean``. The temperatures rise
+linearly per epoch (iBOT's ``np.linspace`` over ``warmup_teacher_temp_epochs``): ``tau_t``
+from ``warmup_teacher_temp`` to ``teacher_temp``, ``tau_t2`` from
+``warmup_teacher_patch_temp`` to ``teacher_patch_temp`` (after ``mim_start_epoch``).
+
+Returns ``{"loss", "cls", "patch"}`` (VISSL's; the parts are logged as ``loss.cls`` and
+``loss.patch``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import torch
+
+from vissl.errors import ConfigError
+from vissl.losses import register_loss
+from vissl.losses.self_distillation import (
+    MaskedDistillationLoss,
+    check_batch_layout,
+    check_crops,
+    ema_center_,
+    infer_masked_distillation_config,
+    pairwise_cls_cross_entropy,
+    soft_cross_entropy,
+    split_student_output,
+)
+
+logger = logging.getLogger(__name__)
+
+_KEY = "config.LOSS.ibot_loss"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive(value: Any, key: str) -> float:
+    if not _is_number(value) or value <= 0:
+        raise ConfigError(f"{_KEY}.{key} must be a number > 0, got {value!r}.", f"{_KEY}.{key}")
+    return float(value)
+
+
+def _non_negative(value: Any, key: str) -> float:
+    if not _is_number(value) or value < 0:
+        raise ConfigError(f"{_KEY}.{key} must be a number >= 0, got {value!r}.", f"{_KEY}.{key}")
+    return float(value)
+
+
+def _unit(value: Any, key: str) -> float:
+    if not _is_number(value) or not 0 <= value <= 1:
+        raise ConfigError(
+            f"{_KEY}.{key} must be a number in [0, 1], got {value!r}.", f"{_KEY}.{key}"
+        )
+    return float(value)
+
+
+def _count(value: Any, key: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(
+            f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
+        )
+    return value
+
+
+def ibot_temperature(
+    epoch: int, warmup: float, final: float, warmup_epochs: int, start_epoch: int = 0
+) -> float:
+    """iBOT's teacher temperature at ``epoch``: ``warmup`` until ``start_epoch``, then
+    ``np.linspace(warmup, final, warmup_epochs)`` one value per epoch, then ``final``."""
+    e = epoch - start_epoch
+    if e < 0:
+        return warmup
+    if e >= warmup_epochs:
+        return final
+    if warmup_epochs == 1:
+        return warmup
+    return warmup + (final - warmup) * e / (warmup_epochs - 1)
+
+
+@register_loss("ibot_loss")
+class IBOTLoss(MaskedDistillationLoss):
+    """iBOT's loss with its teacher and its two centers (see the module docstring).
+
+    Args:
+        teacher_momentum: the teacher's EMA factor at iteration 0 (a cosine to 1).
+        warmup_teacher_temp: the [CLS] teacher temperature at epoch 0.
+        teacher_temp: the [CLS] teacher temperature after the warm-up.
+        warmup_teacher_patch_temp: the patch teacher temperature at epoch 0.
+        teacher_patch_temp: the patch teacher temperature after the warm-up.
+        warmup_teacher_temp_epochs: epochs of the linear warm-ups.
+        student_temp: the student's temperature.
+        center_momentum: EMA factor of the [CLS] center ``center``.
+        center_momentum2: EMA factor of the patch center ``center2``.
+        lambda1: weight of the [CLS] loss.
+        lambda2: weight of the patch loss.
+        mim_start_epoch: the patch temperature's warm-up starts at this epoch.
+        num_global_crops: global crops per sample (from the transforms).
+        num_local_crops: local crops per sample (from the transforms).
+        out_dim: the head's [CLS] output width (from the ibot_head).
+        patch_out_dim: the head's patch output width (from the ibot_head).
+        num_epochs: the run's epochs (from OPTIMIZER.num_epochs; VISSL's schedule length).
+    """
+
+    def __init__(
+        self,
+        teacher_momentum: float = 0.996,
+        warmup_teacher_temp: float = 0.04,
+        teacher_temp: float = 0.04,
+        warmup_teacher_patch_temp: float = 0.04,
+        teacher_patch_temp: float = 0.07,
+        warmup_teacher_temp_epochs: int = 30,
+        student_temp: float = 0.1,
+        center_momentum: float = 0.9,
+        center_momentum2: float = 0.9,
+        lambda1: float = 1.0,
+        lambda2: float = 1.0,
+        mim_start_epoch: int = 0,
+        num_global_crops: int = 2,
+        num_local_crops: int = 8,
+        out_dim: int = 8192,
+        patch_out_dim: int = 8192,
+        num_epochs: int = 10,
+    ) -> None:
+        super().__init__(_unit(teacher_momentum, "teacher_momentum"))
+        self.warmup_teacher_temp = _positive(warmup_teacher_temp, "warmup_teacher_temp")
+        self.teacher_temp_final = _positive(teacher_temp, "teacher_temp")
+        self.warmup_teacher_patch_temp = _positive(
+            warmup_teacher_patch_temp, "warmup_teacher_patch_temp"
+        )
+        self.teacher_patch_temp_final = _positive(teacher_patch_temp, "teacher_patch_temp")
+        self.warmup_teacher_temp_epochs = _count(
+            warmup_teacher_temp_epochs, "warmup_teacher_temp_epochs"
+        )
+        self.student_temp = _positive(student_temp, "student_temp")
+        self.center_momentum = _unit(center_momentum, "center_momentum")
+        self.center_momentum2 = _unit(center_momentum2, "center_momentum2")
+        self.lambda1 = _non_negative(lambda1, "lambda1")
+        self.lambda2 = _non_negative(lambda2, "lambda2")
+        self.mim_start_epoch = _count(mim_start_epoch, "mim_start_epoch")
+        check_crops(num_global_crops, num_local_crops, _KEY)
+        self.num_global_crops = num_global_crops
+        self.num_local_crops = num_local_crops
+        self.out_dim = _count(out_dim, "out_dim", 1)
+        self.patch_out_dim = _count(patch_out_dim, "patch_out_dim", 1)
+        self.num_epochs = _count(num_epochs, "num_epochs")
+        if self.warmup_teacher_temp_epochs + self.mim_start_epoch > max(self.num_epochs, 1):
+            logger.warning(
+                "%s: warmup_teacher_temp_epochs (%d) + mim_start_epoch (%d) exceed num_epochs "
+                "(%d): the temperatures never reach teacher_temp / teacher_patch_temp",
+                _KEY,
+                self.warmup_teacher_temp_epochs,
+                self.mim_start_epoch,
+                self.num_epochs,
+            )
+        self.register_buffer("center", torch.zeros(1, out_dim))
+        self.register_buffer("center2", torch.zeros(1, 1, patch_out_dim))
+        self.center: torch.Tensor
+        self.center2: torch.Tensor
+        self.epoch = 0
+        #: the teacher temperatures of this batch (set from the epoch by IBOTHook)
+        self.teacher_temp = self.warmup_teacher_temp
+        self.teacher_patch_temp = self.warmup_teacher_patch_temp
+
+    @classmethod
+    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
+        """VISSL's inference: the crops, the head's widths and ``num_epochs``; checks the
+        collator, the inputs, the mapping, the trunk's masking and the mask's patch size.
+
+        Raises:
+            ConfigError: see :func:`~vissl.losses.self_distillation.infer_masked_distillation_config`.
+        """
+        infer_masked_distillation_config(params, config, _KEY)
+        params["num_epochs"] = int(config["OPTIMIZER"].get("num_epochs", params.get("num_epochs", 10)))
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any]) -> IBOTLoss:
+        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ConfigError(
+                f"{_KEY} has no key(s) {unknown}; its keys are {sorted(known)}.",
+                f"{_KEY}.{unknown[0]}",
+            )
+        return cls(**dict(params))
+
+    def set_schedule_position(self, iteration: int, epoch: int) -> None:
+        """The temperatures of train phase ``epoch`` (iBOT's schedules are per epoch)."""
+        del iteration
+        self.epoch = epoch
+        self.teacher_temp = ibot_temperature(
+            epoch, self.warmup_teacher_temp, self.teacher_temp_final, self.warmup_teacher_temp_epochs
+        )
+        self.teacher_patch_temp = ibot_temperature(
+            epoch,
+            self.warmup_teacher_patch_temp,
+            self.teacher_patch_temp_final,
+            self.warmup_teacher_temp_epochs,
+            self.mim_start_epoch,
+        )
+
+    def forward(self, output: Any, target: Any) -> dict[str, torch.Tensor]:
+        """The loss of the student's ``output`` against the teacher's, ``target`` the
+        student's masks ``(G * B, h, w)``."""
+        out = split_student_output(output, "ibot_loss")
+        teacher = self.take_teacher_output("ibot_loss")
+        if not isinstance(target, torch.Tensor):
+            raise ValueError(
+                "ibot_loss expects the target to be the global views' masks: "
+                "config.DATA.TRAIN.TARGET_KEY_NAMES: [mask]."
+            )
+        flat_mask = target.reshape(target.shape[0], -1).bool()
+        check_batch_layout(
+            out, teacher, flat_mask, self.num_global_crops, self.num_local_crops, "ibot_loss"
+        )
+        t_cls, t_patch = teacher[0].float(), teacher[1].float()
+        if out.patch.ndim != 3 or t_patch.shape != out.patch.shape:
+            raise ValueError(
+                "ibot_loss centers the teacher's outputs over every patch: the ibot_head must "
+                "score every patch (masked_patches_only: False); got student "
+                f"{tuple(out.patch.shape)}, teacher {tuple(t_patch.shape)}."
+            )
+        g = self.num_global_crops
+        cls_targets = torch.softmax((t_cls - self.center) / self.teacher_temp, dim=-1).chunk(g)
+        patch_targets = torch.softmax((t_patch - self.center2) / self.teacher_patch_temp, dim=-1)
+        student_cls = list(out.cls.chunk(g))
+        if out.local_cls is not None and self.num_local_crops:
+            student_cls += list(out.local_cls.chunk(self.num_local_crops))
+        cls_loss = pairwise_cls_cross_entropy(cls_targets, student_cls, self.student_temp)
+        per_patch = soft_cross_entropy(patch_targets, out.patch, self.student_temp)
+        weights = flat_mask.float()
+        per_image = (per_patch * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        patch_loss = per_image.mean()  # the mean over each crop's images, then over crops
+        cls_term = cls_loss * self.lambda1
+        patch_term = patch_loss * self.lambda2
+        if self.training:
+            ema_center_(self.center, t_cls, self.center_momentum)
+            ema_center_(self.center2, t_patch.mean(dim=1), self.center_momentum2)
+        return {"loss": cls_term + patch_term, "cls": cls_term.detach(), "patch": patch_term.detach()}
+
+    def extra_repr(self) -> str:
+        return (
+            f"out_dim={self.out_dim}, patch_out_dim={self.patch_out_dim}, crops="
+            f"{self.num_global_crops}+{self.num_local_crops}, teacher_momentum={self.momentum}, "
+            f"teacher_temp=[{self.warmup_teacher_temp}, {self.teacher_temp_final}], "
+            f"teacher_patch_temp=[{self.warmup_teacher_patch_temp}, "
+            f"{self.teacher_patch_temp_final}] over {self.warmup_teacher_temp_epochs} epochs, "
+            f"lambda1={self.lambda1}, lambda2={self.lambda2}"
+        )
