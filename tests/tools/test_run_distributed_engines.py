@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import glob
-import re
 import os
+import re
 import subprocess
 import sys
 
