@@ -27,7 +27,9 @@ ITERS_PER_EPOCH = 1281167 // 8 // 64  # 8 ranks x 64 (the sampler rounds up: 160
         ("dinov2/dinov2_8gpu_vitb16", 768, 0.004 * math.sqrt(512 / 1024), 65536),
     ],
 )
-def test_recipes_compose_with_their_settings(name: str, width: int, peak: float, out_dim: int) -> None:
+def test_recipes_compose_with_their_settings(
+    name: str, width: int, peak: float, out_dim: int
+) -> None:
     _, cfg = hydra_compose_and_validate([f"config=pretrain/{name}"])
     vit = cfg.MODEL.TRUNK.VISION_TRANSFORMERS
     assert (vit.PATCH_SIZE, vit.MASKED_IMAGE_MODELING.NAME, vit.name) == (
@@ -37,7 +39,10 @@ def test_recipes_compose_with_their_settings(name: str, width: int, peak: float,
     )
     masking = cfg.DATA.TRAIN.TRANSFORMS[-1]
     assert masking.name == "MaskedImageModeling" and masking.patch_size == 16
-    assert list(masking.pred_ratio_mean) == [0.0, 0.3] and list(masking.pred_ratio_var) == [0.0, 0.2]
+    assert list(masking.pred_ratio_mean) == [0.0, 0.3] and list(masking.pred_ratio_var) == [
+        0.0,
+        0.2,
+    ]
     head, params = cfg.MODEL.HEAD.PARAMS[0]
     assert head == "ibot_head" and params.in_dim == width and params.out_dim == out_dim
     opt = cfg.OPTIMIZER

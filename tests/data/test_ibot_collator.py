@@ -41,7 +41,9 @@ def test_layout_is_vissls_crop_major_global_and_local_views() -> None:
     assert local[:, 0, 0, 0].tolist() == [2, 12, 22, 3, 13, 23, 4, 14, 24]
     assert mask.dtype == torch.bool and mask.shape == (6, 2, 2)
     # the global crops' masks only, in the same order as global_views
-    assert mask.reshape(6, -1).sum(dim=1).tolist() == [min((i + c) % 5, 4) for c in (0, 1) for i in range(3)]
+    assert mask.reshape(6, -1).sum(dim=1).tolist() == [
+        min((i + c) % 5, 4) for c in (0, 1) for i in range(3)
+    ]
     assert out["label"][0].tolist() == [100, 101, 102] * 5
     assert out["data_idx"][0].tolist() == [0, 1, 2] * 5
 

@@ -26,6 +26,7 @@ def digits(split: str) -> DigitsDataset:
     return DigitsDataset(AttrDict({"DATA": {split: {}}}), "", split, "digits")
 
 
+@pytest.mark.slow
 def test_cli_export_matches_the_digits_source(tmp_path: Path) -> None:
     out = tmp_path / "digits"
     proc = run_script(SCRIPT, str(out))

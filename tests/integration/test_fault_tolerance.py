@@ -84,7 +84,7 @@ class InjectNaN(VisslHook):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("k", [6, 7])
+@pytest.mark.parametrize("k", [pytest.param(6, marks=pytest.mark.slow), 7])
 def test_nan_at_step_k_names_k_and_keeps_a_finite_checkpoint(tmp_path, k):
     with pytest.raises(FloatingPointError, match=f"non-finite loss nan at train iteration {k} "):
         run_config(

@@ -33,6 +33,7 @@ def _flat(model: dict) -> dict[str, torch.Tensor]:
         ("test/integration_test/quick_swav_momentum", "momentum_encoder.", False),
     ],
 )
+@pytest.mark.slow
 def test_weights_init_reaches_every_momentum_copy(tmp_path, config, copy_prefix, exact) -> None:
     run_config(config, f"config.CHECKPOINT.DIR={tmp_path / 'pretrained'}")
     (weights,) = (tmp_path / "pretrained").glob("model_final_checkpoint_phase*.torch")

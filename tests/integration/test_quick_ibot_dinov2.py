@@ -38,7 +38,9 @@ def test_quick_config_runs_unchanged_and_checkpoints_teacher_and_centers(tmp_pat
         assert state[f"loss.{center}"].abs().sum() > 0  # moved from zero
     student = {k: v for k, v in state.items() if not k.startswith("loss.")}
     teacher = {
-        k.removeprefix("loss.teacher."): v for k, v in state.items() if k.startswith("loss.teacher.")
+        k.removeprefix("loss.teacher."): v
+        for k, v in state.items()
+        if k.startswith("loss.teacher.")
     }
     assert teacher.keys() == student.keys()
     assert "trunk.patch_masking.masked_embed" in teacher
@@ -70,9 +72,7 @@ def test_crash_and_resume_is_bitwise_exact(tmp_path, name) -> None:
 @pytest.mark.parametrize("name", list(METHODS))
 def test_sigkill_and_resume_through_the_cli_is_bitwise_exact(tmp_path: Path, name) -> None:
     """A real kill -9 after iteration 7, then the same command again."""
-    full, killed = sigkill_and_resume_cli(
-        tmp_path, [f"config={QUICK}{name}", *RESUME], iteration=7
-    )
+    full, killed = sigkill_and_resume_cli(tmp_path, [f"config={QUICK}{name}", *RESUME], iteration=7)
     assert_bitwise_equal(final_state(full), final_state(killed))
 
 

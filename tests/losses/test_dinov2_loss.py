@@ -61,7 +61,10 @@ def ref_koleo(x: list[list[float]]) -> float:
         xs.append([v / n for v in row])
     total = 0.0
     for i, xi in enumerate(xs):
-        best = max((j for j in range(len(xs)) if j != i), key=lambda j: sum(a * b for a, b in zip(xi, xs[j])))
+        best = max(
+            (j for j in range(len(xs)) if j != i),
+            key=lambda j: sum(a * b for a, b in zip(xi, xs[j])),
+        )
         d = math.sqrt(sum((a - b + EPS) ** 2 for a, b in zip(xi, xs[best])))
         total += -math.log(d + EPS)
     return total / len(xs)

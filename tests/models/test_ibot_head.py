@@ -99,7 +99,9 @@ def test_norms_and_errors() -> None:
 def test_frozen_params_map_accepts_vissls_names() -> None:
     """VISSL's iBOT configs freeze prototypes{0,1}.weight_v / weight_g of a shared head."""
     model = nn.Module()
-    model.heads = nn.ModuleList([head(shared_head=True, patch_out_dim=0, normalize_last_layer=False)])
+    model.heads = nn.ModuleList(
+        [head(shared_head=True, patch_out_dim=0, normalize_last_layer=False)]
+    )
     named = dict(model.named_parameters())
     assert resolve_parameter_name("heads.0.prototypes0.weight_v", model, named) == (
         "heads.0.prototypes0.weight"

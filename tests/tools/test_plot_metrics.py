@@ -62,6 +62,7 @@ def assert_png(path: Path) -> tuple[int, int]:
         return image.size
 
 
+@pytest.mark.slow
 def test_one_real_run(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = pm.read_run(str(run_dir), "tiny")
     assert [s[0] for s in run.steps] == list(range(1, 9))  # 2 epochs x 4 steps, LOG_FREQUENCY 1

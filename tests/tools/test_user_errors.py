@@ -61,6 +61,7 @@ def test_a_head_of_the_wrong_width_names_the_head_and_both_widths(tmp_path: Path
     assert not list((tmp_path / "run").glob("*.torch"))  # stopped when the model was built
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_an_unknown_config_name_lists_the_closest_names() -> None:
     line = error_line(run_tool(REPO, "config=pretrain/simclr/simclr_8gpu_resnt"))
