@@ -202,13 +202,27 @@ def test_weights_init_from_our_checkpoint_and_from_a_plain_state_dict(tmp_path):
     )
     assert all(torch.equal(cap2.trunk[k], trunk[k]) for k in loaded)
 
-    # Without the prefix nothing matches: an error that lists the missing keys.
+    # Without the prefix the file is recognised as the trunk's own names and prefixed.
+    cap3 = Capture()
+    run_config(
+        TINY,
+        "config.OPTIMIZER.num_epochs=1",
+        f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={plain}",
+        "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=''",
+        f"config.CHECKPOINT.DIR={tmp_path / 'c'}",
+        hook_generator=lambda cfg: [cap3],
+    )
+    assert all(torch.equal(cap3.trunk[k], trunk[k]) for k in loaded)
+
+    # Names in no layout we know: an error that lists the missing keys.
+    odd = tmp_path / "odd.torch"
+    torch.save({"encoder." + k: v for k, v in trunk.items()}, odd)
     with pytest.raises(ConfigError, match="missing in the file") as info:
         run_config(
             TINY,
             "config.OPTIMIZER.num_epochs=1",
-            f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={plain}",
+            f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={odd}",
             "config.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=''",
-            f"config.CHECKPOINT.DIR={tmp_path / 'c'}",
+            f"config.CHECKPOINT.DIR={tmp_path / 'd'}",
         )
     assert "trunk._feature_blocks" in str(info.value) and "APPEND_PREFIX" in str(info.value)
