@@ -124,6 +124,8 @@ def run(loss: IBOTLoss, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     output: list[Any] = [[batch["s_cls"], batch["s_patch"]]]
     if batch["s_local"] is not None:
         output.append([batch["s_local"]])
+    else:  # the train step unwraps an output of one mapping entry
+        output = output[0]
     return loss(output, batch["mask"])
 
 

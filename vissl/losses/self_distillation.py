@@ -200,12 +200,16 @@ def _tensors(item: Any) -> list[torch.Tensor]:
 
 def split_student_output(output: Any, loss_name: str) -> MaskedDistillationOutput:
     """``[[cls, patch(, cls_token)], [local_cls]]`` (one entry per MULTI_INPUT_HEAD_MAPPING
-    entry: global views first, then local views) taken apart.
+    entry: global views first, then local views) taken apart; without local crops the
+    output may be the global entry itself, ``[cls, patch(, cls_token)]``.
 
     Raises:
         ValueError: the output does not have that structure.
     """
     entries = list(output) if not isinstance(output, torch.Tensor) else []
+    if entries and isinstance(entries[0], torch.Tensor):
+        # global views only: the train step unwraps a model output of one entry
+        entries = [entries]
     if not entries or len(entries) > 2:
         raise ValueError(
             f"{loss_name} expects the model output [global views' [cls, patch], local views' "
