@@ -271,7 +271,7 @@ def teacher_global_output(teacher: nn.Module, inputs: Mapping[str, Any]) -> list
             "MULTI_INPUT_HEAD_MAPPING."
         )
     feature_names, head = head_for_input(GLOBAL_VIEWS)
-    trunk = teacher.trunk  # type: ignore[union-attr]
+    trunk: Any = teacher.trunk
     feats = trunk(inputs[GLOBAL_VIEWS], feature_names)
     feats = [feats] if isinstance(feats, torch.Tensor) else list(feats)
     if len(feats) != 1:
