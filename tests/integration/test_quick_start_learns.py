@@ -127,3 +127,17 @@ def test_mae_digits_recipe_beats_its_random_init_vit_on_its_knn_probe(tmp_path: 
     err, _ = _knn(tmp_path / "knn", final, probe)
     rand_err, _ = _knn(tmp_path / "knn_random", "", probe)
     assert err < rand_err, f"digits/mae {err:.2f}% vs random init {rand_err:.2f}% kNN error"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["digits/ibot", "digits/dinov2", "digits/dino_vit"])
+def test_vit_self_distillation_digits_recipe_beats_its_random_init_vit(
+    tmp_path: Path, config: str
+) -> None:
+    """The digits ViT of iBOT, DINOv2 and DINO, probed by its own config (the [CLS] token at
+    16 px)."""
+    probe = "config=benchmark/nearest_neighbor/digits/nn_digits_ibot"
+    final = _pretrain(tmp_path / "pretrain", config=config)
+    err, _ = _knn(tmp_path / "knn", final, probe)
+    rand_err, _ = _knn(tmp_path / "knn_random", "", probe)
+    assert err < rand_err, f"{config} {err:.2f}% vs random init {rand_err:.2f}% kNN error"
