@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from tests._cli import run_script as run_forked
 from tests.integration._runs import REPO
 
 EXTRA_SCRIPTS = os.path.join(REPO, "extra_scripts")
@@ -27,13 +28,8 @@ def import_script(name: str) -> ModuleType:
 def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python extra_scripts/<name>.py args...`` from the repository root."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    return subprocess.run(
-        [sys.executable, os.path.join("extra_scripts", f"{name}.py"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    return run_forked(
+        os.path.join("extra_scripts", f"{name}.py"), *args, cwd=REPO, env=env, timeout=timeout
     )
 
 

@@ -8,7 +8,6 @@ import torch
 
 from tests.models.test_vissl_named_trunks import TINY, build
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 @pytest.mark.parametrize("name", list(TINY))
 def test_named_trunk_on_cuda_matches_cpu_and_trains_in_bf16(name: str) -> None:

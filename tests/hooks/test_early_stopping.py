@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from typing import Any
 
 import pytest
 
+from tests._cli import run_script
 from tests._tiny_run import tiny_config, train_in_process
 from vissl.errors import ConfigError
 from vissl.hooks import VisslHook, default_hook_generator
@@ -270,7 +270,7 @@ def test_two_processes_stop_at_the_same_phase_through_the_launcher(tmp_path: Any
         "config.HOOKS.CUSTOM_HOOKS=[{name: record_end_state}]",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    proc = run_script(*args[1:], cwd=REPO, env=env, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ends = [json.loads((tmp_path / f"end_rank{r}.json").read_text()) for r in (0, 1)]
     for end in ends:

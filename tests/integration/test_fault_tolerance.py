@@ -154,8 +154,7 @@ class StopAt(VisslHook):
 @pytest.mark.integration
 def test_keep_last_n_checkpoints(tmp_path):
     run_config(
-        TINY,
-        "config.DATA.TRAIN.DATA_LIMIT=32",
+        TINY,  # 8 steps: iteration checkpoints 2, 4 (phase 0), 6 and the final one
         "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2",
         "config.CHECKPOINT.KEEP_LAST_N_CHECKPOINTS=2",
         f"config.CHECKPOINT.DIR={tmp_path}",

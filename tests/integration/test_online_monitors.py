@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO, read_jsonl
 
 NN = "benchmark/nearest_neighbor/digits/nn_digits_quick_start"
 
 
 def _run(*args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=1200
-    )
+    proc = run_script(*args, cwd=REPO, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

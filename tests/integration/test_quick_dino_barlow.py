@@ -9,13 +9,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests._cli import run_script
 from tests.integration._runs import REPO, read_jsonl, run_config
 from tests.integration.test_exact_resume import crash_generator
 from vissl.hooks import VisslHook, default_hook_generator
@@ -31,14 +31,7 @@ DINO = QUICK + "quick_dino"
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
     env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(
-        [sys.executable, TOOL, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=600,
-    )
+    return run_script(TOOL, *args, cwd=cwd, env=env)
 
 
 def final_state(folder: Path) -> dict[str, torch.Tensor]:

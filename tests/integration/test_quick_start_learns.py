@@ -13,13 +13,12 @@ from __future__ import annotations
 import glob
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
 
@@ -32,14 +31,7 @@ LAST_LINE = re.compile(
 
 def _tool(name: str, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": REPO}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "tools", name), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_script(os.path.join(REPO, "tools", name), *args, cwd=REPO, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

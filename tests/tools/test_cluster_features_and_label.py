@@ -12,7 +12,6 @@ import logging
 import os
 import pickle
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +22,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from tests._cli import run_script
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
 from vissl.utils.cluster_utils import l2_normalize
@@ -72,14 +72,7 @@ def _env() -> dict[str, str]:
 
 
 def run_cli(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, script, *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=_env(),
-        timeout=600,
-    )
+    return run_script(script, *args, cwd=cwd, env=_env())
 
 
 @pytest.fixture(scope="module")

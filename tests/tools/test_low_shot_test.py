@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
 
@@ -79,14 +79,7 @@ def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
-    return subprocess.run(
-        [sys.executable, TOOL, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
+    return run_script(TOOL, *args, cwd=REPO, env=env)
 
 
 def per_k(line: str) -> dict[int, tuple[float, float]]:

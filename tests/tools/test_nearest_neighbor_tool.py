@@ -10,8 +10,6 @@ import importlib.util
 import logging
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO
 from tests.utils.test_knn import reference_knn
 from vissl.engines.extract_features import ExtractedFeaturesLoader
@@ -87,14 +86,7 @@ def one_proc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The real command line, one process: extraction into CHECKPOINT.DIR, then the kNN."""
     out = tmp_path_factory.mktemp("nn") / "one"
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
-    proc = subprocess.run(
-        [sys.executable, TOOL, *SMALL, f"config.CHECKPOINT.DIR={out}"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
+    proc = run_script(TOOL, *SMALL, f"config.CHECKPOINT.DIR={out}", cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"dir": out, "stdout": proc.stdout, "stderr": proc.stderr}
 
@@ -215,18 +207,8 @@ def test_topk_list_as_in_vissl() -> None:
 
 
 def test_config_mistake_is_exit_code_2_and_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            TOOL,
-            *SMALL,
-            "config.NEAREST_NEIGHBOR.TOPK=0",
-            f"config.CHECKPOINT.DIR={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
+    proc = run_script(
+        TOOL, *SMALL, "config.NEAREST_NEIGHBOR.TOPK=0", f"config.CHECKPOINT.DIR={tmp_path}"
     )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -6,10 +6,10 @@ import glob
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO, read_jsonl
 
 TOOL = os.path.join(REPO, "tools", "run_distributed_engines.py")
@@ -17,14 +17,7 @@ TOOL = os.path.join(REPO, "tools", "run_distributed_engines.py")
 
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
-    return subprocess.run(
-        [sys.executable, TOOL, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
+    return run_script(TOOL, *args, cwd=REPO, env=env)
 
 
 @pytest.mark.integration

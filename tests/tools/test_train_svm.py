@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO
 from tests.utils.test_svm_utils import reference_11point_ap, reference_interpolated_ap
 from vissl.engines.extract_features import ExtractedFeaturesLoader
@@ -75,14 +75,7 @@ def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
-    return subprocess.run(
-        [sys.executable, TOOL, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
+    return run_script(TOOL, *args, cwd=REPO, env=env)
 
 
 @pytest.fixture(scope="module")

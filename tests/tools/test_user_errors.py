@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests._cli import run_script
 from tests.integration._runs import REPO
 
 TOOL = os.path.join(REPO, "tools", "run_distributed_engines.py")
@@ -22,9 +22,7 @@ TOOL = os.path.join(REPO, "tools", "run_distributed_engines.py")
 
 def run_tool(cwd: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    return subprocess.run(
-        [sys.executable, TOOL, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
-    )
+    return run_script(TOOL, *args, cwd=cwd, env=env, timeout=300)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -71,6 +71,7 @@ class InspectCopies(VisslHook):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_compile_reaches_the_momentum_encoder_and_the_ema(tmp_path):
     """#22 item 12: MODEL.COMPILE compiled the student only; MoCo's key encoder (and the
     EMA model when it runs forwards) stayed eager. Checkpoint keys do not change."""

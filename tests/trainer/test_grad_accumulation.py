@@ -17,7 +17,7 @@ from vissl.utils.checkpoint import load_checkpoint
 COMMON = [
     "config.MODEL.TRUNK.RESNETS.NORM=GroupNorm",
     "config.MODEL.TRUNK.RESNETS.GROUPNORM_GROUPS=16",
-    "config.DATA.TRAIN.DATA_LIMIT=128",
+    "config.DATA.TRAIN.DATA_LIMIT=64",
     "config.TEST_MODEL=False",
     "config.OPTIMIZER.num_epochs=1",
     "config.OPTIMIZER.momentum=0.9",
@@ -40,20 +40,20 @@ def test_accumulating_k_micro_batches_equals_one_large_batch(tmp_path, nproc):
         "test/cpu_test/tiny_supervised",
         *COMMON,
         f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",
-        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=32",
+        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=16",
         f"config.CHECKPOINT.DIR={tmp_path / 'big'}",
     )
     acc = run_config(
         "test/cpu_test/tiny_supervised",
         *COMMON,
         f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",
-        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
+        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
         "config.OPTIMIZER.GRAD_ACCUMULATION_STEPS=4",
         f"config.CHECKPOINT.DIR={tmp_path / 'acc'}",
     )
     if nproc == 1:
         assert big.iteration == acc.iteration == 4  # optimizer steps, not micro-batches
-        assert acc.num_updates == big.num_updates == 128
+        assert acc.num_updates == big.num_updates == 64
     a, b = weights(tmp_path / "big"), weights(tmp_path / "acc")
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert worst < 1e-5, worst
@@ -70,7 +70,7 @@ def test_accumulating_k_micro_batches_equals_one_large_batch(tmp_path, nproc):
         run_config(
             "test/cpu_test/tiny_supervised",
             *COMMON,
-            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
+            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
             f"config.CHECKPOINT.DIR={tmp_path / 'small'}",
         )
         c = weights(tmp_path / "small")
@@ -94,7 +94,7 @@ def test_overridden_backward_runs_for_every_micro_batch(tmp_path):
         task = run_config(
             "test/cpu_test/tiny_supervised",
             *COMMON,
-            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=16",
+            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
             "config.OPTIMIZER.GRAD_ACCUMULATION_STEPS=2",
             "config.TRAINER.TRAIN_STEP_NAME=test_counting_backward_step",
             f"config.CHECKPOINT.DIR={tmp_path}",

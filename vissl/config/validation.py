@@ -90,7 +90,6 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "DATA.TEST.POWER_LAW_SAMPLER",
     "DATA.TRAIN.TRANSFORMS_AUGLY",
     "METERS.model_output_mask",
-    "LOSS.msn_loss",
     "LOSS.distillation_loss",
     "LOSS.swav_distillation_loss",
     "LOSS.dino_distillation_loss",

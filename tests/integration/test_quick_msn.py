@@ -1,0 +1,85 @@
+"""MSN end to end: the quick config runs unchanged through the CLI and its checkpoints hold
+the target encoder (an EMA copy lagging the model, whose prototypes are the model's); a
+crash (and, with ``-m slow``, a real SIGKILL through the CLI) plus auto-resume ends bitwise
+equal to an uninterrupted run (model, target encoder, optimizer; the resumed steps draw the
+same crops and anchor masks from (seed, epoch, index), so they log the same losses); on 2
+processes the ranks train one model and the checkpoint holds its target encoder."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration._runs import crash_and_resume_states, read_jsonl, run_config
+from tests.integration.test_quick_dino_barlow import final_state, run_cli, sigkill_and_resume_cli
+from tests.integration.test_quick_vicreg import assert_bitwise_equal
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
+
+NAME = "quick_msn"
+QUICK = "test/integration_test/" + NAME
+
+
+def test_quick_msn_runs_unchanged_and_checkpoints_the_target_encoder(tmp_path: Path) -> None:
+    proc = run_cli(tmp_path, f"config={QUICK}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = tmp_path / "checkpoints" / NAME
+    state = final_state(folder)
+    assert state["heads.0.prototypes"].shape == (16, 16)
+    student = {k: v for k, v in state.items() if not k.startswith("loss.")}
+    teacher = {
+        k.removeprefix("loss.teacher."): v
+        for k, v in state.items()
+        if k.startswith("loss.teacher.")
+    }
+    assert teacher.keys() == student.keys()
+    assert any(not torch.equal(teacher[k], student[k]) for k in student)  # it lags
+    records = read_jsonl(str(folder / "stdout.json"))
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4]
+    for record in records:
+        values = [record["loss"], record["loss.ce"], record["loss.me_max"]]
+        assert all(math.isfinite(v) for v in values), record
+        # me-max is log K - H(mean prediction): in [0, log 16]
+        assert 0 <= record["loss.me_max"] <= math.log(16)
+
+
+RESUME = [
+    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",  # 4 steps per phase, 8 in all
+    "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
+    "config.CHECKPOINT.AUTO_RESUME=True",
+]
+
+
+@pytest.mark.slow
+def test_crash_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
+    full, resumed = crash_and_resume_states(
+        tmp_path, QUICK, RESUME, crash_after=7, checkpoint_at=6, last=8
+    )
+    assert any(k.startswith("loss.teacher.") for k in full)
+    assert torch.equal(
+        full["loss.teacher.heads.0.prototypes"], resumed["loss.teacher.heads.0.prototypes"]
+    )
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_through_the_cli_is_bitwise_exact(tmp_path: Path) -> None:
+    """A real kill -9 after iteration 7, then the same command again."""
+    full, killed = sigkill_and_resume_cli(tmp_path, [f"config={QUICK}", *RESUME], iteration=7)
+    assert_bitwise_equal(final_state(full), final_state(killed))
+
+
+@pytest.mark.slow
+def test_two_processes_train_one_model_with_its_target_encoder(tmp_path: Path) -> None:
+    run_config(
+        QUICK,
+        "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    state = final_state(tmp_path)
+    assert not torch.equal(state["loss.teacher.trunk.pos_embed"], state["trunk.pos_embed"])
+    records = read_jsonl(str(tmp_path / "stdout.json"))
+    assert records and all(math.isfinite(r["loss"]) for r in records)
