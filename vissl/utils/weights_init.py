@@ -47,7 +47,11 @@ from vissl.utils.external_weights import (
     load_weights_file,
     map_external_state_dict,
 )
-from vissl.utils.vissl_key_maps import map_vissl_state_dict, prefix_trunk_names
+from vissl.utils.vissl_key_maps import (
+    config_parameter_name,
+    map_vissl_state_dict,
+    prefix_trunk_names,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +273,12 @@ def init_model_from_checkpoint(
         )
     renamed = source_state if is_vissl else _rename(source_state, remove, append)
     target = model.state_dict()
-    skip = [str(s) for s in (weights_cfg.get("SKIP_LAYERS") or []) if s]
+    # FSDP-wrapped spellings (VISSL's FSDP configs) name our parameters without the levels
+    skip = [
+        config_parameter_name(str(s), f"{KEY}.SKIP_LAYERS")
+        for s in (weights_cfg.get("SKIP_LAYERS") or [])
+        if s
+    ]
     # VISSL's / ClassyVision's RegNet and classy_vit names (vissl/utils/vissl_key_maps.py)
     vissl_names = map_vissl_state_dict(renamed, target, source)
     if vissl_names is not None:
