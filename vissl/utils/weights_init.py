@@ -308,6 +308,9 @@ def init_model_from_checkpoint(
     missing: list[str] = []
     mismatched: list[str] = []
     to_load: dict[str, torch.Tensor] = {}
+    fe = (model_config or {}).get("FEATURE_EVAL_SETTINGS") or {}
+    # VISSL main's ASSERT_HEAD_LAYER_SHAPE_INIT: False skips heads of another shape
+    check_head_shapes = bool(fe.get("ASSERT_HEAD_LAYER_SHAPE_INIT", True))
     for name, tensor in target.items():
         if any(s in name for s in skip):
             report.skipped.append(name)
@@ -318,6 +321,17 @@ def init_model_from_checkpoint(
         if name not in renamed:
             missing.append(name)
         elif tuple(renamed[name].shape) != tuple(tensor.shape):
+            if name.startswith("heads.") and not check_head_shapes:
+                logger.info(
+                    "%s: %s has shape %s in the file and %s in the model: not loaded "
+                    "(FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT is False)",
+                    KEY,
+                    name,
+                    tuple(renamed[name].shape),
+                    tuple(tensor.shape),
+                )
+                report.skipped.append(name)
+                continue
             mismatched.append(
                 f"{name}: file {tuple(renamed[name].shape)} vs model {tuple(tensor.shape)}"
             )
