@@ -119,7 +119,7 @@ def coco(root: Path) -> list[str]:
             [(21, 7, box(0, 0, 3, 3), 9.0, 0), (21, 1, box(2, 2, 3, 3), 9.0, 0)],
         ),
     }
-    for split, (images, annotations) in files.items():
+    for split, (images, objects) in files.items():
         for _, name in images:
             image(root / f"{split}2014" / name)
         data = {
@@ -127,7 +127,7 @@ def coco(root: Path) -> list[str]:
             "images": [{"id": i, "file_name": n, "width": 20, "height": 10} for i, n in images],
             "annotations": [
                 {"image_id": i, "category_id": c, "bbox": b, "area": a, "ignore": g, "id": k}
-                for k, (i, c, b, a, g) in enumerate(annotations)
+                for k, (i, c, b, a, g) in enumerate(objects)
             ],
         }
         path = root / "annotations" / f"instances_{split}2014.json"
@@ -814,7 +814,9 @@ def test_published_layout_to_vissl_inputs(name: str, tmp_path: Path, request) ->
         check_filelist(out, case)
 
 
-def test_the_outputs_read_through_the_catalog_and_vissl_sources(tmp_path: Path) -> None:
+def test_the_outputs_read_through_the_catalog_and_vissl_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A folder output (DTD) and a filelist output (CLEVR count), registered with --catalog,
     read by DATASET_NAMES alone through disk_folder / disk_filelist."""
     catalog = tmp_path / "catalog.json"
@@ -828,29 +830,28 @@ def test_the_outputs_read_through_the_catalog_and_vissl_sources(tmp_path: Path) 
         assert code == 0, stderr
     entries = json.loads(catalog.read_text())
     assert sorted(entries) == ["clevr_count_filelist", "dtd_folder"]
+    # a catalog of these two alone (the repository's has the same names)
+    monkeypatch.setattr(VisslDatasetCatalog, "_datasets", {})
+    monkeypatch.setattr(VisslDatasetCatalog, "_defaults_loaded", True)
     VisslDatasetCatalog.register_json(str(catalog))
-    try:
-        for name, source, split, labels in (
-            ("dtd_folder", "disk_folder", "TEST", [0, 1]),
-            ("clevr_count_filelist", "disk_filelist", "TRAIN", [0, 0, 1]),
-        ):
-            _, cfg = hydra_compose_and_validate(
-                [
-                    "config=quick_start",
-                    f"config.DATA.{split}.DATA_SOURCES=[{source}]",
-                    f"config.DATA.{split}.LABEL_SOURCES=[{source}]",
-                    f"config.DATA.{split}.DATASET_NAMES=[{name}]",
-                    f"config.DATA.{split}.DATA_PATHS=[]",
-                    f"config.DATA.{split}.LABEL_PATHS=[]",
-                    f"config.DATA.{split}.TRANSFORMS=[{{name:ToTensor}}]",
-                ]
-            )
-            cfg.DATA.NUM_DATALOADER_WORKERS = 0
-            dataset = build_dataset(AttrDict(cfg), split)
-            assert [dataset[i]["label"][0] for i in range(len(dataset))] == labels, name
-    finally:
-        for name in entries:
-            VisslDatasetCatalog.remove(name)
+    for name, source, split, labels in (
+        ("dtd_folder", "disk_folder", "TEST", [0, 1]),
+        ("clevr_count_filelist", "disk_filelist", "TRAIN", [0, 0, 1]),
+    ):
+        _, cfg = hydra_compose_and_validate(
+            [
+                "config=quick_start",
+                f"config.DATA.{split}.DATA_SOURCES=[{source}]",
+                f"config.DATA.{split}.LABEL_SOURCES=[{source}]",
+                f"config.DATA.{split}.DATASET_NAMES=[{name}]",
+                f"config.DATA.{split}.DATA_PATHS=[]",
+                f"config.DATA.{split}.LABEL_PATHS=[]",
+                f"config.DATA.{split}.TRANSFORMS=[{{name:ToTensor}}]",
+            ]
+        )
+        cfg.DATA.NUM_DATALOADER_WORKERS = 0
+        dataset = build_dataset(AttrDict(cfg), split)
+        assert [dataset[i]["label"][0] for i in range(len(dataset))] == labels, name
 
 
 def test_user_errors(tmp_path: Path) -> None:
@@ -890,7 +891,7 @@ def test_user_errors(tmp_path: Path) -> None:
 def test_k700_names_the_clips_without_a_frame(tmp_path: Path, fake_decoder) -> None:
     root, out = tmp_path / "k700", tmp_path / "out"
     k700(root)
-    code, stdout, stderr = run_as_main(
+    code, _, stderr = run_as_main(
         "datasets/create_k700_data_files", "-i", str(root), "-o", str(out)
     )
     assert code == 0, stderr

@@ -83,9 +83,7 @@ def test_fsdp_wrapped_spellings_name_our_parameter(caplog) -> None:
         "prototypes0._fsdp_wrapped_module.weight"
     )
     with caplog.at_level("INFO", logger="vissl.utils.vissl_key_maps"):
-        frozen = parse_frozen_params_map(
-            [["module.heads.0.prototypes0.weight", 313], [fsdp, 313]]
-        )
+        frozen = parse_frozen_params_map([["module.heads.0.prototypes0.weight", 313], [fsdp, 313]])
     assert frozen == {"heads.0.prototypes0.weight": 313}
     assert "FSDP-wrapped name" in caplog.text and "TEMP_FROZEN_PARAMS_ITER_MAP[1]" in caplog.text
     with pytest.raises(ConfigError, match=r"again, with 5 iterations instead of 313"):
