@@ -153,3 +153,16 @@ def test_eval_mlp_use_residual_and_mlp_res() -> None:
 def test_solarize_takes_vissl_constructor_name() -> None:
     solarize = get_transform("ImgPilRandomSolarize")
     assert solarize(prob=0.25).p == 0.25 and solarize(0.5).p == 0.5 and solarize().p == 0.66
+
+
+def test_log_hooks_take_vissl_arguments(tmp_path) -> None:
+    """VISSL's LogLossLrEtaHook(checkpoint_folder, btime_freq) and
+    LogPerfTimeMetricsHook(log_freq)."""
+    from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
+
+    positional = LogLossLrEtaHook(str(tmp_path), 20)
+    assert positional.rolling_btime_freq == 20 and positional.progress_bar is True
+    assert LogLossLrEtaHook(str(tmp_path), btime_freq=7).rolling_btime_freq == 7
+    assert LogLossLrEtaHook(str(tmp_path), False).progress_bar is False
+    assert LogPerfTimeMetricsHook(log_freq=5).perf_stat_frequency == 5
+    assert LogPerfTimeMetricsHook(3).perf_stat_frequency == 3
