@@ -72,3 +72,30 @@ def test_unknown_name_names_the_closest() -> None:
 def test_malformed_entry(entry) -> None:
     with pytest.raises(ConfigError, match=r"TEMP_FROZEN_PARAMS_ITER_MAP\[1\]"):
         parse_frozen_params_map([["ok.weight", 1], entry])
+
+
+def test_fsdp_wrapped_spellings_name_our_parameter(caplog) -> None:
+    """VISSL's quick_swav lists the prototypes twice: DDP's and fairscale FSDP's spelling.
+    Both are our ``heads.0.prototypes0.weight`` (FSDP2 keeps the original names); the
+    dropped wrapper levels are logged; conflicting counts are refused."""
+    fsdp = (
+        "_fsdp_wrapped_module.heads.0._fsdp_wrapped_module._fpw_module."
+        "prototypes0._fsdp_wrapped_module.weight"
+    )
+    with caplog.at_level("INFO", logger="vissl.utils.vissl_key_maps"):
+        frozen = parse_frozen_params_map([["module.heads.0.prototypes0.weight", 313], [fsdp, 313]])
+    assert frozen == {"heads.0.prototypes0.weight": 313}
+    assert "FSDP-wrapped name" in caplog.text and "TEMP_FROZEN_PARAMS_ITER_MAP[1]" in caplog.text
+    with pytest.raises(ConfigError, match=r"again, with 5 iterations instead of 313"):
+        parse_frozen_params_map([["heads.0.prototypes0.weight", 313], [fsdp, 5]])
+
+
+def test_fsdp_wrapped_names_in_the_other_parameter_keys() -> None:
+    """OPTIMIZER.non_regularized_parameters and WEIGHTS_INIT.SKIP_LAYERS read FSDP-wrapped
+    spellings as our names too."""
+    from vissl.optimizers.param_groups.default import non_regularized_substrings
+
+    substrings = non_regularized_substrings(
+        {"non_regularized_parameters": ["_fsdp_wrapped_module._fpw_module.pos_embed", "cls"]}
+    )
+    assert substrings == ["pos_embed", "cls"]

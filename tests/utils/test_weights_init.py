@@ -173,6 +173,18 @@ def test_fine_tuning_loads_heads_and_a_head_shape_mismatch_needs_skip_layers(
     )
     assert not any(k.startswith("heads.") for k in report.loaded)
     assert "heads.0.clf.0.weight" in report.skipped
+    # VISSL's FSDP configs spell the layers with FSDP's wrapper levels: the same skip
+    fsdp_skip = ["num_batches_tracked", "_fsdp_wrapped_module.heads._fpw_module."]
+    fsdp = init_model_from_weights_params_file(
+        other, weights_cfg(simclr_file, SKIP_LAYERS=fsdp_skip)
+    )
+    assert fsdp.skipped == report.skipped and fsdp.loaded == report.loaded
+    # VISSL main's ASSERT_HEAD_LAYER_SHAPE_INIT: False skips the heads of another shape
+    lenient = copy.deepcopy(other.model_config)
+    lenient.FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT = False
+    loose = init_model_from_weights_params_file(other, weights_cfg(simclr_file), lenient)
+    assert "heads.0.clf.0.weight" in loose.skipped and "heads.0.clf.0.bias" in loose.skipped
+    assert not any(k.startswith("heads.") for k in loose.loaded) and loose.loaded
 
 
 def test_trunk_shape_mismatch_lists_the_keys(simclr_file: Path) -> None:

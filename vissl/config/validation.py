@@ -81,7 +81,6 @@ VISSL_UNSUPPORTED_PREFIXES = (
     "DISTILLATION",
     "MODEL.SHARDED_DDP_SETUP",
     "MODEL.FSDP_CONFIG",
-    "MODEL.MODEL_COMPLEXITY",
     "OPTIMIZER.use_zero",
     "EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME",
     "DATA.TRAIN.STRATIFIED_SAMPLER",
@@ -120,6 +119,23 @@ NOT_IMPLEMENTED: dict[str, Any] = {
     "IMG_RETRIEVAL.USE_FEATURE_EXTRACTION_ENGINE": False,
     "IMG_RETRIEVAL.FEATURE_EXTRACTION_DIR": "",
     "IMG_RETRIEVAL.EVAL_BINARY_PATH": "",
+    # VISSL's own vision_transformer left hybrid (CNN stem) backbones as a TODO
+    "MODEL.TRUNK.VISION_TRANSFORMERS.HYBRID": None,
+    # vissl's synthetic source always draws learnable random images (VISSL's True)
+    "DATA.TRAIN.RANDOM_SYNTHETIC_IMAGES": True,
+    "DATA.TEST.RANDOM_SYNTHETIC_IMAGES": True,
+}
+
+# Keys some of VISSL's own configs set that VISSL itself never reads (key path -> why):
+# dropped with a warning, so that those configs run unchanged and as they did in VISSL.
+VISSL_IGNORED_KEYS: dict[str, str] = {
+    "DATA.TRANSFORMS": "a split's transforms are DATA.TRAIN.TRANSFORMS / "
+    "DATA.TEST.TRANSFORMS (move the list there to use it).",
+    "LOSS.ignore_index": "a loss reads its own block, e.g. "
+    "LOSS.cross_entropy_multiple_output_single_target.ignore_index (default -1).",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.CONVIT": "the convit trunk reads MODEL.TRUNK.CONVIT.",
+    "MODEL.WEIGHTS_INIT.PARAM_FILE": "it is a misspelling of PARAMS_FILE; no weights are "
+    "loaded from it (give MODEL.WEIGHTS_INIT.PARAMS_FILE).",
 }
 
 # Keys whose null means "the default" (VISSL's configs often carry null there).
@@ -252,6 +268,18 @@ def upgrade_legacy_keys(cfg: dict[str, Any]) -> None:
             "config.DISTRIBUTED.DISTR_ON is an old VISSL key that VISSL 0.1.6 ignores too: "
             "ignored (the processes come from DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE)."
         )
+    for path, reason in VISSL_IGNORED_KEYS.items():
+        *parents, leaf = path.split(".")
+        node: Any = cfg
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and leaf in node:
+            node.pop(leaf)
+            _warn(f"config.{path} is ignored, as VISSL ignores it: {reason}")
+    svm_path = cfg.pop("SVM_FEATURES_PATH", None)
+    if svm_path:
+        cfg.setdefault("SVM", {}).setdefault("FEATURES", {})["PATH"] = svm_path
+        _warn("config.SVM_FEATURES_PATH is VISSL main's key: using it as config.SVM.FEATURES.PATH.")
     if "MONITOR_PERF_STATS" in cfg:
         value = cfg.pop("MONITOR_PERF_STATS")
         _warn(

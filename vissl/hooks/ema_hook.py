@@ -158,6 +158,8 @@ class EmaHook(VisslHook):
 
     Args:
         decay: weight of the old average at each update, in [0, 1].
+        warmup: while ``task.where`` (the share of training done) is below it, an update
+            copies the model instead of averaging (VISSL main's ``WARMUP``).
         update_iter: update after every that many optimizer steps (>= 1).
         ema_device: "gpu" (or "cuda": the task's device) or "cpu".
         enable_ema_meters: also measure the EMA with the METERS in test phases.
@@ -182,8 +184,16 @@ class EmaHook(VisslHook):
         enable_ema_meters: bool = False,
         meters_config: Mapping[str, Any] | None = None,
         stage_on_host: bool | None = None,
+        warmup: float = 0.0,
     ) -> None:
         self.decay = _check_decay(decay)
+        if isinstance(warmup, bool) or not isinstance(warmup, int | float) or not 0 <= warmup <= 1:
+            raise ConfigError(
+                f"{KEY}.WARMUP={warmup!r} must be a number in [0, 1] (a share of training).",
+                f"{KEY}.WARMUP",
+            )
+        self.warmup = float(warmup)
+        self._pending_decay = self.decay
         self.stage_on_host = stage_on_host
         self._snapshot: HostSnapshot | None = None
         self._snapshot_pending = False
@@ -216,6 +226,7 @@ class EmaHook(VisslHook):
             ema_device=ema.get("EMA_DEVICE", "gpu"),
             enable_ema_meters=bool(ema.get("ENABLE_EMA_METERS", False)),
             meters_config=cfg.get("METERS"),
+            warmup=ema.get("WARMUP", 0.0),
         )
 
     # ------------------------------------------------------------------ the average
@@ -259,12 +270,15 @@ class EmaHook(VisslHook):
             return
         self.ensure_model(task)
         assert self._tensors is not None
+        # during WARMUP the EMA follows the model (a copy: momentum 0)
+        decay = 0.0 if float(getattr(task, "where", 1.0)) < self.warmup else self.decay
         if self._snapshot is None:
-            ema_update_tensors_(self._tensors, self.decay)
+            ema_update_tensors_(self._tensors, decay)
             return
         self.apply_pending()
         self._snapshot.launch()
         self._snapshot_pending = True
+        self._pending_decay = decay
 
     @torch.no_grad()
     def apply_pending(self) -> None:
@@ -272,7 +286,7 @@ class EmaHook(VisslHook):
         if not self._snapshot_pending:
             return
         assert self._snapshot is not None and self._tensors is not None
-        ema_update_tensors_(self._tensors, self.decay, source_values=self._snapshot.wait())
+        ema_update_tensors_(self._tensors, self._pending_decay, source_values=self._snapshot.wait())
         self._snapshot_pending = False
 
     def on_end(self, task: SelfSupervisionTask) -> None:

@@ -117,7 +117,14 @@ class LogLossLrEtaHook(VisslHook):
         progress_bar: bool = True,
         rolling_btime_freq: int = -1,
         stream: TextIO | None = None,
+        btime_freq: int | None = None,
     ) -> None:
+        # VISSL's signature is (checkpoint_folder, btime_freq): an int second argument
+        # (not a bool) or btime_freq= is its rolling batch-time window
+        if isinstance(progress_bar, int) and not isinstance(progress_bar, bool):
+            rolling_btime_freq, progress_bar = progress_bar, True
+        if btime_freq is not None:
+            rolling_btime_freq = btime_freq
         self.checkpoint_folder = checkpoint_folder
         self.progress_bar = progress_bar
         self.rolling_btime_freq = rolling_btime_freq
@@ -329,8 +336,9 @@ class LogPerfTimeMetricsHook(VisslHook):
 
     priority = Priority.HIGH
 
-    def __init__(self, perf_stat_frequency: int = -1) -> None:
-        self.perf_stat_frequency = perf_stat_frequency
+    def __init__(self, perf_stat_frequency: int = -1, log_freq: int | None = None) -> None:
+        # log_freq: VISSL's name of the argument
+        self.perf_stat_frequency = perf_stat_frequency if log_freq is None else log_freq
         self.last_summary: dict[str, dict[str, float]] = {}
 
     def on_phase_start(self, task: SelfSupervisionTask) -> None:

@@ -178,12 +178,17 @@ _FROZEN_KEY = "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP"
 def parse_frozen_params_map(entries: Sequence[Any]) -> dict[str, int]:
     """``[[param_name, num_iters], ...]`` as ``{name: num_iters}``.
 
-    VISSL's names carry DDP's ``module.`` prefix (``module.heads.0.prototypes0.weight``);
-    it is accepted and removed.
+    VISSL's names carry DDP's ``module.`` prefix (``module.heads.0.prototypes0.weight``)
+    and, in its FSDP configs, FSDP's wrapper levels (``_fsdp_wrapped_module.``,
+    ``_fpw_module.``); both are accepted and removed (logged), so VISSL's SwAV configs,
+    which list both spellings of one parameter, name it once.
 
     Raises:
-        ConfigError: an entry that is not ``[name, non-negative int]``.
+        ConfigError: an entry that is not ``[name, non-negative int]``, or two spellings
+            of one parameter with different counts.
     """
+    from vissl.utils.vissl_key_maps import config_parameter_name
+
     result: dict[str, int] = {}
     for i, entry in enumerate(entries):
         if (
@@ -200,7 +205,13 @@ def parse_frozen_params_map(entries: Sequence[Any]) -> dict[str, int]:
                 "iterations >= 0], e.g. ['heads.0.prototypes0.weight', 313].",
                 f"{_FROZEN_KEY}[{i}]",
             )
-        name = entry[0].removeprefix("module.")
+        name = config_parameter_name(entry[0], f"{_FROZEN_KEY}[{i}]")
+        if name in result and result[name] != int(entry[1]):
+            raise ConfigError(
+                f"{_FROZEN_KEY}[{i}]={entry!r} names {name!r} again, with {entry[1]} "
+                f"iterations instead of {result[name]}; keep one entry per parameter.",
+                f"{_FROZEN_KEY}[{i}]",
+            )
         result[name] = int(entry[1])
     return result
 

@@ -150,6 +150,21 @@ def strip_wrappers(name: str) -> str:
     return name[len("module.") :] if name.startswith("module.") else name
 
 
+def config_parameter_name(name: str, key: str) -> str:
+    """A parameter name (or name substring) from a config key, in our model's spelling.
+
+    VISSL's FSDP configs name parameters as fairscale's FSDP wrappers spelled them
+    (``_fsdp_wrapped_module.heads.0._fsdp_wrapped_module._fpw_module.prototypes0...``);
+    our models' ``named_parameters()`` never hold wrapper levels (torch's FSDP2 keeps the
+    original names, and FSDP1 with ``use_orig_params`` reports them clean), so the levels
+    and DDP's leading ``module.`` are dropped. A dropped wrapper level is logged.
+    """
+    ours = strip_wrappers(name)
+    if any(segment in name for segment in WRAPPER_SEGMENTS):
+        logger.info("%s: %r is an FSDP-wrapped name; reading it as %r", key, name, ours)
+    return ours
+
+
 def _apply(rules: Iterable[tuple[re.Pattern[str], str]], name: str) -> str:
     for pattern, replacement in rules:
         name = pattern.sub(replacement, name, count=1)

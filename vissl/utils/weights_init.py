@@ -47,7 +47,11 @@ from vissl.utils.external_weights import (
     load_weights_file,
     map_external_state_dict,
 )
-from vissl.utils.vissl_key_maps import map_vissl_state_dict, prefix_trunk_names
+from vissl.utils.vissl_key_maps import (
+    config_parameter_name,
+    map_vissl_state_dict,
+    prefix_trunk_names,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +273,12 @@ def init_model_from_checkpoint(
         )
     renamed = source_state if is_vissl else _rename(source_state, remove, append)
     target = model.state_dict()
-    skip = [str(s) for s in (weights_cfg.get("SKIP_LAYERS") or []) if s]
+    # FSDP-wrapped spellings (VISSL's FSDP configs) name our parameters without the levels
+    skip = [
+        config_parameter_name(str(s), f"{KEY}.SKIP_LAYERS")
+        for s in (weights_cfg.get("SKIP_LAYERS") or [])
+        if s
+    ]
     # VISSL's / ClassyVision's RegNet and classy_vit names (vissl/utils/vissl_key_maps.py)
     vissl_names = map_vissl_state_dict(renamed, target, source)
     if vissl_names is not None:
@@ -299,6 +308,9 @@ def init_model_from_checkpoint(
     missing: list[str] = []
     mismatched: list[str] = []
     to_load: dict[str, torch.Tensor] = {}
+    fe = (model_config or {}).get("FEATURE_EVAL_SETTINGS") or {}
+    # VISSL main's ASSERT_HEAD_LAYER_SHAPE_INIT: False skips heads of another shape
+    check_head_shapes = bool(fe.get("ASSERT_HEAD_LAYER_SHAPE_INIT", True))
     for name, tensor in target.items():
         if any(s in name for s in skip):
             report.skipped.append(name)
@@ -309,6 +321,17 @@ def init_model_from_checkpoint(
         if name not in renamed:
             missing.append(name)
         elif tuple(renamed[name].shape) != tuple(tensor.shape):
+            if name.startswith("heads.") and not check_head_shapes:
+                logger.info(
+                    "%s: %s has shape %s in the file and %s in the model: not loaded "
+                    "(FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT is False)",
+                    KEY,
+                    name,
+                    tuple(renamed[name].shape),
+                    tuple(tensor.shape),
+                )
+                report.skipped.append(name)
+                continue
             mismatched.append(
                 f"{name}: file {tuple(renamed[name].shape)} vs model {tuple(tensor.shape)}"
             )

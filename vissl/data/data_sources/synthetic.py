@@ -13,6 +13,7 @@ from vissl.config.attr_dict import AttrDict
 from vissl.data.data_helper import split_cfg_value
 from vissl.data.data_sources import register_data_source
 from vissl.data.data_sources.base import DataSource
+from vissl.errors import ConfigError
 
 _MASK64 = (1 << 64) - 1
 
@@ -34,7 +35,9 @@ class SyntheticImageDataset(DataSource):
 
     Every process (and every data loader worker) returns the same image for the same
     index. Each image is a class colour plus per-pixel noise, so a classifier can
-    learn the labels; the label of index ``i`` is ``i % NUM_CLASSES``.
+    learn the labels; the label of index ``i`` is ``i % num_classes``: 10 classes, or
+    ``DATA.TRAIN.RANDOM_SYNTHETIC_LABELS`` when positive (VISSL's key, read for both
+    splits as in VISSL).
 
     The noise is cheap: each class has one noise image, made once per process from the
     seed; index ``i`` gets it cyclically shifted by an offset and flipped as a hash of
@@ -65,9 +68,18 @@ class SyntheticImageDataset(DataSource):
         self.seed = int(cfg.get("SEED_VALUE", 0))
         self._split_key = zlib.crc32(split.encode())
         palette_rng = np.random.default_rng([self.seed, 7919])
-        self._palette = palette_rng.integers(32, 224, size=(self.NUM_CLASSES, 3))
+        self.num_classes = self._num_classes(cfg)
+        self._palette = palette_rng.integers(32, 224, size=(self.num_classes, 3))
         # made on first use in each process (not pickled to the workers)
         self._class_images: list[np.ndarray] | None = None
+
+    @classmethod
+    def _num_classes(cls, cfg: AttrDict) -> int:
+        key = "config.DATA.TRAIN.RANDOM_SYNTHETIC_LABELS"
+        value = ((cfg.get("DATA") or {}).get("TRAIN") or {}).get("RANDOM_SYNTHETIC_LABELS", 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key}={value!r} must be an integer >= 0 (0: 10 classes).", key)
+        return value or cls.NUM_CLASSES
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -94,7 +106,7 @@ class SyntheticImageDataset(DataSource):
         size = self.gray_img_size
         code = _mix64(self.seed, self._split_key, int(idx))
         shift = (code % size, (code >> 20) % size)
-        pixels = np.roll(self._images()[idx % self.NUM_CLASSES], shift, axis=(0, 1))
+        pixels = np.roll(self._images()[idx % self.num_classes], shift, axis=(0, 1))
         if code >> 62 & 1:
             pixels = pixels[::-1]
         if code >> 63:
@@ -109,4 +121,4 @@ class SyntheticImageDataset(DataSource):
         return torch.from_numpy(self._pixels(idx)).permute(2, 0, 1), True
 
     def get_labels(self) -> np.ndarray:
-        return np.arange(self._num_samples, dtype=np.int64) % self.NUM_CLASSES
+        return np.arange(self._num_samples, dtype=np.int64) % self.num_classes

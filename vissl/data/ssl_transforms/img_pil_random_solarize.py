@@ -19,9 +19,13 @@ class ImgPilRandomSolarize:
 
     Args:
         p: probability of solarizing (VISSL's default 0.66).
+        prob: the same, under the name of VISSL's Python constructor
+            (``ImgPilRandomSolarize(prob=0.2)``); configs use ``p``.
     """
 
-    def __init__(self, p: float = 0.66) -> None:
+    def __init__(self, p: float = 0.66, prob: float | None = None) -> None:
+        if prob is not None:
+            p = prob
         if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
             raise ValueError(f"p must be a number in [0, 1], got {p!r}")
         self.p = float(p)

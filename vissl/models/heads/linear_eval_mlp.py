@@ -11,6 +11,7 @@ import torch.nn as nn
 from vissl.errors import ConfigError
 from vissl.models.heads import register_model_head
 from vissl.models.heads.mlp import MLP
+from vissl.models.heads.mlp_res import MLPResidual
 from vissl.models.model_helpers import cfg_get
 
 
@@ -27,6 +28,8 @@ class LinearEvalMLP(nn.Module):
         dims: MLP sizes, e.g. ``[2048, 1000]``.
         use_bn: BatchNorm1d inside the MLP.
         use_relu: ReLU inside the MLP.
+        use_residual: the MLP is ``mlp_res`` (skip connections where sizes allow; VISSL
+            main's option).
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class LinearEvalMLP(nn.Module):
         dims: list[int],
         use_bn: bool = False,
         use_relu: bool = False,
+        use_residual: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels <= 0:
@@ -49,7 +53,8 @@ class LinearEvalMLP(nn.Module):
             eps=float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5)),
             momentum=float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1)),
         )
-        self.clf = MLP(model_config, dims, use_bn=use_bn, use_relu=use_relu)
+        mlp = MLPResidual if use_residual else MLP
+        self.clf = mlp(model_config, dims, use_bn=use_bn, use_relu=use_relu)
         self.in_features = int(dims[0])
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:

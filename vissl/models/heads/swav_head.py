@@ -13,7 +13,7 @@ Output, as in VISSL: ``[embedding, scores_0, scores_1, ...]`` (without the embed
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from vissl.errors import ConfigError
 from vissl.models.heads import register_model_head
+from vissl.models.heads.dino_head import WeightNormLinear
 from vissl.models.heads.mlp import check_dims
 from vissl.models.model_helpers import cfg_get, flat_head_input
 
@@ -58,6 +59,12 @@ class SwAVHead(nn.Module):
         return_embeddings: put the (normalised) embedding first in the output.
         skip_last_bn: no BN/ReLU after the last projection layer.
         normalize_feats: L2-normalise the embedding before the prototypes.
+        activation_name: the projection's activation, ``ReLU`` or ``GELU`` (VISSL's).
+        use_weight_norm_prototypes: weight-normalised prototypes (VISSL's
+            ``nn.utils.weight_norm`` with ``g`` at 1): ``prototypes{i}`` is a
+            ``WeightNormLinear`` whose ``weight`` is the direction ``V``.
+        normalize_last_layer: with weight-normalised prototypes, keep ``g`` fixed at 1
+            (else it is a learnt per-prototype ``scale``).
     """
 
     def __init__(
@@ -70,8 +77,21 @@ class SwAVHead(nn.Module):
         return_embeddings: bool = True,
         skip_last_bn: bool = True,
         normalize_feats: bool = True,
+        activation_name: str = "ReLU",
+        use_weight_norm_prototypes: bool = False,
+        normalize_last_layer: bool = False,
     ) -> None:
         super().__init__()
+        activations: dict[str, Callable[[], nn.Module]] = {
+            "ReLU": lambda: nn.ReLU(inplace=True),
+            "GELU": nn.GELU,
+        }
+        if activation_name not in activations:
+            raise ConfigError(
+                f"{_KEY}: swav_head's `activation_name` must be one of {sorted(activations)}; "
+                f"got {activation_name!r}.",
+                _KEY,
+            )
         dims = check_dims(dims, "swav_head", min_len=1)
         clusters = _check_clusters(num_clusters)
         if not clusters and not return_embeddings:
@@ -90,7 +110,7 @@ class SwAVHead(nn.Module):
                 break
             if use_bn:
                 layers.append(nn.BatchNorm1d(dims[i + 1], eps=eps, momentum=momentum))
-            layers.append(nn.ReLU(inplace=True))
+            layers.append(activations[activation_name]())
         self.projection_head = nn.Sequential(*layers) if layers else nn.Identity()
         self.normalize_feats = bool(normalize_feats)
         self.return_embeddings = bool(return_embeddings)
@@ -98,9 +118,14 @@ class SwAVHead(nn.Module):
         self.num_clusters = clusters
         self.nmb_heads = len(clusters)
         for i, k in enumerate(clusters):
-            self.add_module(f"prototypes{i}", nn.Linear(dims[-1], k, bias=False))
+            layer: nn.Module = (
+                WeightNormLinear(dims[-1], k, learn_scale=not normalize_last_layer)
+                if use_weight_norm_prototypes
+                else nn.Linear(dims[-1], k, bias=False)
+            )
+            self.add_module(f"prototypes{i}", layer)
 
-    def prototype_layers(self) -> list[nn.Linear]:
+    def prototype_layers(self) -> list[nn.Linear | WeightNormLinear]:
         """The prototype layers, ``prototypes0``, ``prototypes1``, ... in order."""
         return [getattr(self, f"prototypes{i}") for i in range(self.nmb_heads)]
 

@@ -25,6 +25,7 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.optimizers._checks import get_bool, get_number, get_section
 from vissl.optimizers.param_groups.registry import register_param_group_constructor
+from vissl.utils.vissl_key_maps import config_parameter_name
 
 _PATH = "config.OPTIMIZER"
 
@@ -63,6 +64,9 @@ def head_weight_decay(optimizer_config: Mapping[str, Any]) -> float:
 def non_regularized_substrings(optimizer_config: Mapping[str, Any]) -> list[str]:
     """``non_regularized_parameters``: a parameter whose name contains one gets no decay.
 
+    FSDP-wrapped spellings (``_fsdp_wrapped_module.``, ``_fpw_module.``) are read in our
+    names (:func:`vissl.utils.vissl_key_maps.config_parameter_name`).
+
     Raises:
         ConfigError: it is not a list of strings.
     """
@@ -73,7 +77,8 @@ def non_regularized_substrings(optimizer_config: Mapping[str, Any]) -> list[str]
             f"got {non_regularized!r}.",
             f"{_PATH}.non_regularized_parameters",
         )
-    return [s for s in non_regularized if s]
+    key = f"{_PATH}.non_regularized_parameters"
+    return [config_parameter_name(s, key) for s in non_regularized if s]
 
 
 def get_optimizer_param_groups(
