@@ -25,10 +25,13 @@ single-file checkpoint in the usual layout (``extra_scripts/convert_sharded_chec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,6 +67,14 @@ def is_sharded_checkpoint(state: dict[str, Any]) -> bool:
 
 def _dist_options() -> dict[str, Any]:
     return {} if is_distributed() else {"no_dist": True}
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process: that is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _hook_entries(task: SelfSupervisionTask) -> dict[str, Any]:
@@ -118,14 +129,15 @@ def save_sharded_checkpoint(
         os.makedirs(folder, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
-    dcp.save(
-        task_tensor_state(task),
-        storage_writer=FileSystemWriter(tmp, sync_files=True),
-        # replicated tensors (buffers, a loss's plain state) from rank 0, as a
-        # consolidated checkpoint would hold them
-        planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
-        **_dist_options(),
-    )
+    with _quiet_single_process():
+        dcp.save(
+            task_tensor_state(task),
+            storage_writer=FileSystemWriter(tmp, sync_files=True),
+            # replicated tensors (buffers, a loss's plain state) from rank 0, as a
+            # consolidated checkpoint would hold them
+            planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
+            **_dist_options(),
+        )
     barrier()  # every rank's shard is on disk
     path = None
     if is_primary():
@@ -166,7 +178,8 @@ def load_sharded_into_task(
     if not os.path.isdir(path):
         raise CheckpointLoadError(f"sharded checkpoint folder {path!r} does not exist")
     target = task_tensor_state(task)
-    dcp.load(target, checkpoint_id=path, **_dist_options())
+    with _quiet_single_process():
+        dcp.load(target, checkpoint_id=path, **_dist_options())
     set_model_state_dict(task.base_model, target["model"])
     if task.optimizer is not None and "optimizer" in target:
         set_optimizer_state_dict(task.base_model, task.optimizer, target["optimizer"])

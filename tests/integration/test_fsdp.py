@@ -1,0 +1,172 @@
+"""``TRAINER.TASK_NAME: self_supervision_fsdp_task`` (FSDP2) end to end on 2 gloo processes.
+
+- The sharded run trains the same model as DDP: the consolidated final weights, DINO's
+  teacher and center included, equal the DDP run's to 1e-4 (quick_start too, under
+  ``-m slow``).
+- Sharded checkpoints (index + DCP folder) resume on another world size (2 -> 1, and
+  1 -> 2 under ``-m slow``); a kill -9 inside a phase, then auto-resume, ends bitwise
+  equal to the uninterrupted sharded run (``-m slow``).
+- ``extra_scripts/convert_sharded_checkpoint.py`` writes a consolidated file that
+  ``MODEL.WEIGHTS_INIT`` loads.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration._runs import run_config
+from vissl.trainer.sharded_checkpoint import consolidate_sharded_checkpoint
+from vissl.utils.checkpoint import load_checkpoint
+
+DINO = "test/integration_test/quick_dino"
+FSDP = "config.TRAINER.TASK_NAME=self_supervision_fsdp_task"
+TWO = "config.DISTRIBUTED.NUM_PROC_PER_NODE=2"
+# 16 images, 4 per process: 2 steps per phase on 2 processes, 4 steps in all
+TINY = [
+    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+    "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
+    "config.CHECKPOINT.AUTO_RESUME=True",
+]
+
+
+def final_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint's model and loss state (consolidated when sharded)."""
+    (path,) = folder.glob("model_final_checkpoint_phase*.torch")
+    state = load_checkpoint(str(path))
+    if state.get("checkpoint_format"):
+        state = consolidate_sharded_checkpoint(str(path))
+    classy = state["classy_state_dict"]
+    model = classy["base_model"]["model"]
+    flat = {f"trunk.{k}": v for k, v in model["trunk"].items()}
+    flat |= {f"heads.{k}": v for k, v in model["heads"].items()}
+    flat |= {f"loss.{k}": v for k, v in classy["loss"].items()}
+    return flat
+
+
+def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
+    assert a.keys() == b.keys()
+    worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    assert worst <= atol, f"the runs differ by {worst}"
+
+
+@pytest.fixture(scope="module")
+def dino_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """quick_dino on 2 processes, with DDP and sharded with FSDP2 (4 steps each)."""
+    root = tmp_path_factory.mktemp("fsdp_dino")
+    folders = {"ddp": root / "ddp", "fsdp": root / "fsdp"}
+    run_config(DINO, TWO, *TINY, f"config.CHECKPOINT.DIR={folders['ddp']}")
+    run_config(DINO, TWO, *TINY, FSDP, f"config.CHECKPOINT.DIR={folders['fsdp']}")
+    return folders
+
+
+@pytest.mark.integration
+def test_fsdp_dino_equals_ddp_teacher_included(dino_runs: dict[str, Path]) -> None:
+    fsdp = dino_runs["fsdp"]
+    # the sharded layout: an index and a DCP folder with one file per rank
+    index = load_checkpoint(str(fsdp / "model_final_checkpoint_phase1.torch"))
+    assert index["checkpoint_format"] == "sharded_dcp"
+    assert not index["classy_state_dict"]["base_model"]["model"]["trunk"]
+    assert len(list((fsdp / index["sharded_dir"]).glob("*.distcp"))) == 2
+    assert "FSDP: 10 units over 2 ranks" in (fsdp / "log.txt").read_text()
+    ddp_state, fsdp_state = final_state(dino_runs["ddp"]), final_state(fsdp)
+    assert any(k.startswith("loss.teacher.trunk.") for k in fsdp_state)
+    assert "loss.center" in fsdp_state
+    assert_close(ddp_state, fsdp_state, atol=1e-4)
+
+
+@pytest.mark.integration
+def test_sharded_checkpoint_resumes_on_one_process_and_converts(
+    dino_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """The 2-process iteration checkpoint (inside phase 1) resumes on 1 process; the
+    converter's consolidated file loads with WEIGHTS_INIT."""
+    folder = tmp_path / "one"
+    folder.mkdir()
+    for name in ("model_iteration3.torch", "model_iteration3.dcp"):
+        src = dino_runs["fsdp"] / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, folder / name)
+    run_config(DINO, *TINY, FSDP, f"config.CHECKPOINT.DIR={folder}")
+    log = (folder / "log.txt").read_text()
+    assert "resuming from" in log and "resumed inside phase 1" in log
+    assert "checkpoint was written by 2 processes, this run has 1" in log
+    final = final_state(folder)
+    assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+
+    from tests.extra_scripts._helpers import run_as_main
+
+    out = tmp_path / "consolidated.torch"
+    dcp_folder = dino_runs["fsdp"] / "model_final_checkpoint_phase1.dcp"
+    code, stdout, stderr = run_as_main("convert_sharded_checkpoint", str(dcp_folder), str(out))
+    assert code == 0, stderr
+    assert f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={out}" in stdout
+    converted = load_checkpoint(str(out))
+    assert "checkpoint_format" not in converted
+    assert converted["classy_state_dict"]["optimizer"]["state"]
+
+    from vissl.models import build_model
+    from vissl.utils.hydra_config import hydra_compose_and_validate
+    from vissl.utils.weights_init import init_model_from_weights_params_file
+
+    _, cfg = hydra_compose_and_validate([f"config={DINO}"])
+    model = build_model(cfg.MODEL, cfg.OPTIMIZER)
+    cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE = str(out)
+    init_model_from_weights_params_file(model, cfg.MODEL.WEIGHTS_INIT)
+    expected = final_state(dino_runs["fsdp"])
+    # (WEIGHTS_INIT skips num_batches_tracked by default, as VISSL)
+    loaded = {k: v for k, v in model.state_dict().items() if "num_batches" not in k}
+    differ = [k for k in loaded if not torch.equal(loaded[k], expected[k])]
+    assert not differ, differ[:5]
+
+
+# ----------------------------------------------------------------------------- slow
+@pytest.mark.slow
+@pytest.mark.integration
+def test_fsdp_quick_start_equals_ddp(tmp_path: Path) -> None:
+    """quick_start (SimCLR, ResNet-18) on 2 processes, shortened to 2 epochs of 512
+    digits: the consolidated sharded weights equal DDP's to 1e-4."""
+    short = [
+        TWO,
+        "config.OPTIMIZER.num_epochs=2",
+        "config.DATA.TRAIN.DATA_LIMIT=512",
+        "config.DATA.NUM_DATALOADER_WORKERS=0",
+        "config.HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD=False",
+    ]
+    run_config("quick_start", *short, f"config.CHECKPOINT.DIR={tmp_path / 'ddp'}")
+    run_config("quick_start", *short, FSDP, f"config.CHECKPOINT.DIR={tmp_path / 'fsdp'}")
+    assert_close(final_state(tmp_path / "ddp"), final_state(tmp_path / "fsdp"), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_fsdp_sigkill_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
+    """A real kill -9 of the 2 sharded processes after iteration 7, the iteration
+    checkpoint at 6 inside phase 1, then the same command again."""
+    from tests.integration.test_quick_dino_barlow import sigkill_and_resume_cli
+    from tests.integration.test_quick_vicreg import assert_bitwise_equal
+
+    args = [f"config={DINO}", TWO, *TINY, FSDP, "config.DATA.TRAIN.DATA_LIMIT=32"]
+    full, killed = sigkill_and_resume_cli(tmp_path, args, iteration=7)
+    assert_bitwise_equal(final_state(full), final_state(killed))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_one_process_sharded_checkpoint_resumes_on_two(tmp_path: Path) -> None:
+    """1 -> 2 processes: a 1-process run of the FSDP task stops after iteration 4 (its
+    iteration checkpoint at 3); 2 processes resume from it, sharded, and finish."""
+    from tests.integration.test_exact_resume import crash_generator
+
+    args = [*TINY, FSDP, "config.DATA.TRAIN.DATA_LIMIT=32"]
+    with pytest.raises(Exception, match="simulated crash"):
+        run_config(
+            DINO, *args, f"config.CHECKPOINT.DIR={tmp_path}", hook_generator=crash_generator(4)
+        )
+    run_config(DINO, TWO, *args, f"config.CHECKPOINT.DIR={tmp_path}")
+    log = (tmp_path / "log.txt").read_text()
+    assert "checkpoint was written by 1 processes, this run has 2" in log
+    assert "FSDP: 10 units over 2 ranks" in log
+    assert (tmp_path / "model_final_checkpoint_phase1.torch").exists()
