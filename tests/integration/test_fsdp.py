@@ -170,3 +170,20 @@ def test_one_process_sharded_checkpoint_resumes_on_two(tmp_path: Path) -> None:
     assert "checkpoint was written by 1 processes, this run has 2" in log
     assert "FSDP: 10 units over 2 ranks" in log
     assert (tmp_path / "model_final_checkpoint_phase1.torch").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_use_zero_equals_ddp_and_resumes_exactly(
+    dino_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """OPTIMIZER.use_zero (ZeroRedundancyOptimizer) on 2 processes: DDP's weights to 1e-4,
+    and a crash after iteration 4 resumed from the iteration checkpoint at 3 ends bitwise
+    equal to the uninterrupted ZeRO run."""
+    from tests.integration._runs import crash_and_resume_states
+
+    zero = [TWO, *TINY, "config.OPTIMIZER.use_zero=True"]
+    full, _ = crash_and_resume_states(tmp_path, DINO, zero, crash_after=4, checkpoint_at=3, last=4)
+    assert_close(final_state(dino_runs["ddp"]), full, atol=1e-4)
+    log = (tmp_path / "full" / "log.txt").read_text()
+    assert "state sharded over the ranks (ZeroRedundancyOptimizer)" in log

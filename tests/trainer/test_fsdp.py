@@ -101,3 +101,29 @@ def test_seer_and_dino_fsdp_settings_compose() -> None:
     model = build_model(cfg.MODEL, cfg.OPTIMIZER)
     assert [type(h).__name__ for h in model.heads] == ["MLP", "SwAVHead"]
     assert not any(p.startswith("MODEL.FSDP_CONFIG") for p in VISSL_UNSUPPORTED_PREFIXES)
+
+
+@pytest.mark.parametrize(
+    "name,features",
+    [("seer_swav_regnety128gf_32gpu", 7392), ("seer_swav_regnety256gf_64gpu", 5088)],
+)
+def test_seer_configs_build_their_model_on_the_meta_device(name: str, features: int) -> None:
+    """The SEER recipes compose, select the FSDP task and name registered components; the
+    model is built without memory (meta device) and its head fits the trunk."""
+    _, cfg = hydra_compose_and_validate(
+        [
+            f"config=pretrain/seer/{name}",
+            "config.MACHINE.DEVICE=cpu",
+            "config.DISTRIBUTED.BACKEND=gloo",
+            "config.DISTRIBUTED.NUM_NODES=1",
+            "config.DISTRIBUTED.RUN_ID=auto",
+        ]
+    )
+    assert cfg.TRAINER.TASK_NAME == "self_supervision_fsdp_task"
+    with torch.device("meta"):
+        model = build_model(cfg.MODEL, cfg.OPTIMIZER)
+        out = model(torch.empty(2, 3, 64, 64))
+    assert model.heads[0].projection_head[0].in_features == features
+    assert out[0][-1].shape == (2, 16000)  # the prototype scores
+    units = sharding_units(model, FSDPSettings())
+    assert len(units) == 27 + 1  # the RegNet's blocks (one stage has one), the head

@@ -92,6 +92,18 @@ def _rank_state(task: SelfSupervisionTask) -> dict[str, Any]:
     return state
 
 
+def _optimizer_state(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's state dict; a ZeRO optimizer's consolidated on rank 0 (collective),
+    the rank that writes."""
+    if optimizer is None:
+        return {}
+    from vissl.optimizers.zero import is_zero, zero_state_dict
+
+    if is_zero(optimizer):
+        return zero_state_dict(optimizer, is_primary())
+    return optimizer.state_dict()  # type: ignore[no-any-return]
+
+
 def checkpoint_state(
     task: SelfSupervisionTask, phase_complete: bool = True, include_tensors: bool = True
 ) -> dict[str, Any]:
@@ -115,7 +127,7 @@ def checkpoint_state(
     loss_sum, loss_count = task.phase_loss_state()
     if include_tensors:
         model_state = split_model_state(task.base_model.state_dict())
-        optimizer_state = task.optimizer.state_dict() if task.optimizer is not None else {}
+        optimizer_state = _optimizer_state(task.optimizer)
         loss_state = task.loss.state_dict()
     else:
         model_state, optimizer_state, loss_state = split_model_state({}), {}, {}

@@ -13,8 +13,8 @@ Units (the wrap policy):
   size-based policy);
 - ``FSDP_CONFIG.WRAP_MODULES``: every module of these class names (e.g. ``[Block]``);
 - neither: the trunk's blocks (the children of an ``nn.Sequential`` / ``nn.ModuleList``
-  holding several modules of one class: ResNet/RegNet blocks, ViT/XCiT blocks) and each
-  head.
+  holding several modules of one class, and every other module of that class: ResNet /
+  RegNet blocks, ViT / XCiT blocks) and each head.
 
 The whole model is the last (root) unit. A loss's momentum copies (DINO's teacher, MoCo's
 key encoder, SwAV's momentum encoder) are sharded with the same units, so their EMA update
@@ -153,7 +153,8 @@ def _param_count(module: nn.Module) -> int:
 
 def _block_units(trunk: nn.Module) -> list[tuple[str, nn.Module]]:
     """The trunk's blocks: children of a Sequential/ModuleList holding several modules of
-    one class (the outermost such, in module order)."""
+    one class (the outermost such, in module order), and the other modules of their
+    classes."""
     found: list[tuple[str, nn.Module]] = []
 
     def visit(prefix: str, module: nn.Module) -> None:
@@ -168,6 +169,14 @@ def _block_units(trunk: nn.Module) -> list[tuple[str, nn.Module]]:
             visit(f"{prefix}{n}.", c)
 
     visit("", trunk)
+    # a stage of one block (RegNet's last): every other module of a block's class
+    classes = {type(m) for _, m in found}
+    chosen = {id(m) for _, m in found}
+    inside = {id(x) for _, m in found for x in m.modules()}
+    for name, module in trunk.named_modules():
+        if type(module) in classes and id(module) not in inside and id(module) not in chosen:
+            found.append((name, module))
+            inside.update(id(x) for x in module.modules())
     return found
 
 

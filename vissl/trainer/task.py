@@ -244,6 +244,8 @@ class SelfSupervisionTask:
                 param_schedulers=self.param_schedulers,
                 model_config=cfg.MODEL,
             )
+            if bool(cfg.OPTIMIZER.get("use_zero", False)):
+                self.optimizer = self._zero_optimizer(self.optimizer, world_size, fsdp)
         self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
         if fsdp:
             self.grad_reducer = FSDPReduction(bool(cfg.DISTRIBUTED.BROADCAST_BUFFERS))
@@ -284,6 +286,19 @@ class SelfSupervisionTask:
         shard_task_model(
             self.base_model, momentum_copies(self.loss), cfg.MODEL.FSDP_CONFIG, self.device
         )
+
+    @staticmethod
+    def _zero_optimizer(optimizer: Any, world_size: int, fsdp: bool) -> Any:
+        """``OPTIMIZER.use_zero``: the optimizer state sharded over the ranks (DDP runs)."""
+        if fsdp:
+            logger.info("OPTIMIZER.use_zero: FSDP already shards the optimizer state")
+            return optimizer
+        if world_size == 1:
+            logger.info("OPTIMIZER.use_zero: one process, nothing to shard")
+            return optimizer
+        from vissl.optimizers.zero import wrap_zero
+
+        return wrap_zero(optimizer)
 
     def _set_num_train_samples(self) -> None:
         """``LOSS.<name>.num_train_samples``, where the loss has that key (memory banks:
