@@ -145,11 +145,29 @@ def test_fsdp_quick_start_equals_ddp(tmp_path: Path) -> None:
 def test_fsdp_sigkill_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
     """A real kill -9 of the 2 sharded processes after iteration 7, the iteration
     checkpoint at 6 inside phase 1, then the same command again."""
-    from tests.integration.test_quick_dino_barlow import sigkill_and_resume_cli
+    from tests.integration.test_quick_dino_barlow import SIGKILL_PLUGIN, run_cli
     from tests.integration.test_quick_vicreg import assert_bitwise_equal
 
     args = [f"config={DINO}", TWO, *TINY, FSDP, "config.DATA.TRAIN.DATA_LIMIT=32"]
-    full, killed = sigkill_and_resume_cli(tmp_path, args, iteration=7)
+    plugin = tmp_path / "sigkill_plugin.py"
+    plugin.write_text(SIGKILL_PLUGIN)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc = run_cli(tmp_path, *args, f"config.CHECKPOINT.DIR={full}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli(
+        tmp_path,
+        *args,
+        f"config.CHECKPOINT.DIR={killed}",
+        f"config.IMPORTS=[{plugin}]",
+        "config.HOOKS.CUSTOM_HOOKS=[{name: sigkill_at, iteration: 7}]",
+    )
+    # the launcher reports its workers' SIGKILL
+    assert proc.returncode != 0 and "killed by signal SIGKILL" in proc.stderr, proc.stderr[-3000:]
+    assert not list(killed.glob("model_final*"))
+    assert (killed / "model_iteration6.dcp").is_dir()
+    proc = run_cli(tmp_path, *args, f"config.CHECKPOINT.DIR={killed}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed inside phase 1" in (killed / "log.txt").read_text()
     assert_bitwise_equal(final_state(full), final_state(killed))
 
 

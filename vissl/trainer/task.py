@@ -276,6 +276,16 @@ class SelfSupervisionTask:
         the optimizer is built on the sharded parameters. ``MODEL.WEIGHTS_INIT`` is applied
         first when the run does not resume (it loads full tensors)."""
         cfg = self.config
+        from vissl.hooks.ema_hook import EmaHook
+
+        if any(isinstance(h, EmaHook) for h in self.hooks):
+            raise ConfigError(
+                "config.HOOKS.EMA_MODEL is not supported with TRAINER.TASK_NAME: "
+                f"{FSDP_TASK_NAME} on several processes (the EMA average would be a full, "
+                "unsharded copy of the model). Turn the EMA model off, or train with "
+                "self_supervision_task.",
+                "config.HOOKS.EMA_MODEL",
+            )
         if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and not self.resume_checkpoint:
             from vissl.trainer.checkpointing import reset_momentum_copies
             from vissl.utils.weights_init import init_model_from_weights_params_file
