@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.integration._runs import run_config
+from vissl.errors import ConfigError
 from vissl.trainer.sharded_checkpoint import consolidate_sharded_checkpoint
 from vissl.utils.checkpoint import load_checkpoint
 
@@ -113,6 +114,10 @@ def test_sharded_checkpoint_resumes_on_one_process_and_converts(
 
     _, cfg = hydra_compose_and_validate([f"config={DINO}"])
     model = build_model(cfg.MODEL, cfg.OPTIMIZER)
+    # the index itself is refused with the command that consolidates it
+    cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE = str(dino_runs["fsdp"] / "model_phase0.torch")
+    with pytest.raises(ConfigError, match="convert_sharded_checkpoint.py"):
+        init_model_from_weights_params_file(model, cfg.MODEL.WEIGHTS_INIT)
     cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE = str(out)
     init_model_from_weights_params_file(model, cfg.MODEL.WEIGHTS_INIT)
     expected = final_state(dino_runs["fsdp"])
@@ -205,3 +210,30 @@ def test_use_zero_equals_ddp_and_resumes_exactly(
     assert_close(final_state(dino_runs["ddp"]), full, atol=1e-4)
     log = (tmp_path / "full" / "log.txt").read_text()
     assert "state sharded over the ranks (ZeroRedundancyOptimizer)" in log
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_fsdp_with_bf16_amp_mixed_precision_and_activation_checkpointing(tmp_path: Path) -> None:
+    """FSDP2's bfloat16 parameters and float32 reduce-scatter, bf16 autocast, activation
+    checkpointing of the trunk and gradient clipping (quick_dino's) compose: the run
+    finishes with finite weights, kept in float32."""
+    run_config(
+        DINO,
+        TWO,
+        *TINY,
+        FSDP,
+        "config.MODEL.FSDP_CONFIG.mixed_precision=True",
+        "config.MODEL.FSDP_CONFIG.compute_dtype=bfloat16",
+        "config.MODEL.FSDP_CONFIG.fp32_reduce_scatter=True",
+        "config.MODEL.AMP_PARAMS.USE_AMP=True",
+        "config.MODEL.AMP_PARAMS.AMP_DTYPE=bfloat16",
+        "config.MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    log = (tmp_path / "log.txt").read_text()
+    assert "mixed precision torch.bfloat16/torch.float32" in log
+    state = final_state(tmp_path)
+    student = {k: v for k, v in state.items() if not k.startswith("loss.")}
+    assert all(v.dtype == torch.float32 for v in student.values() if v.is_floating_point())
+    assert all(torch.isfinite(v).all() for v in student.values() if v.is_floating_point())
