@@ -130,6 +130,7 @@ def test_sharded_checkpoint_resumes_on_one_process_and_converts(
 # ----------------------------------------------------------------------------- slow
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # several 2-process runs
 def test_fsdp_quick_start_equals_ddp(tmp_path: Path) -> None:
     """quick_start (SimCLR, ResNet-18) on 2 processes, shortened to 2 epochs of 512
     digits: the consolidated sharded weights equal DDP's to 1e-4."""
@@ -147,6 +148,7 @@ def test_fsdp_quick_start_equals_ddp(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # several 2-process runs
 def test_fsdp_sigkill_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
     """A real kill -9 of the 2 sharded processes after iteration 7, the iteration
     checkpoint at 6 inside phase 1, then the same command again."""
@@ -178,6 +180,7 @@ def test_fsdp_sigkill_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # several 2-process runs
 def test_one_process_sharded_checkpoint_resumes_on_two(tmp_path: Path) -> None:
     """1 -> 2 processes: a 1-process run of the FSDP task stops after iteration 4 (its
     iteration checkpoint at 3); 2 processes resume from it, sharded, and finish."""
@@ -197,6 +200,7 @@ def test_one_process_sharded_checkpoint_resumes_on_two(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # several 2-process runs
 def test_use_zero_equals_ddp_and_resumes_exactly(
     dino_runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -214,6 +218,7 @@ def test_use_zero_equals_ddp_and_resumes_exactly(
 
 @pytest.mark.slow
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # several 2-process runs
 def test_fsdp_with_bf16_amp_mixed_precision_and_activation_checkpointing(tmp_path: Path) -> None:
     """FSDP2's bfloat16 parameters and float32 reduce-scatter, bf16 autocast, activation
     checkpointing of the trunk and gradient clipping (quick_dino's) compose: the run

@@ -15,6 +15,7 @@ has nothing to add there.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -54,10 +55,12 @@ def wrap_zero(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     groups = [dict(g) for g in optimizer.param_groups]
     defaults: Mapping[str, Any] = optimizer.defaults
     first, *rest = groups
+    # defaults the constructor takes (AdamW's holds decoupled_weight_decay, which it sets)
+    accepted = inspect.signature(type(optimizer).__init__).parameters
     zero = ZeroRedundancyOptimizer(
         first.pop("params"),
         optimizer_class=type(optimizer),
-        **{k: v for k, v in defaults.items() if k != "params"},
+        **{k: v for k, v in defaults.items() if k != "params" and k in accepted},
     )
     # the first group's own settings (ZeRO built it from the defaults), then the others
     zero.param_groups[0].update(first)
