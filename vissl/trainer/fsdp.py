@@ -21,7 +21,7 @@ key encoder, SwAV's momentum encoder) are sharded with the same units, so their 
 is a local operation on matching shards, with no gather.
 
 Mixed precision (``mixed_precision``, ``compute_dtype``, ``fp32_reduce_scatter``) maps to
-``MixedPrecisionPolicy``; ``RESHARD_AFTER_FORWARD`` and ``CPU_OFFLOAD``
+``MixedPrecisionPolicy``, BatchNorm layers staying in float32 (units of their own); ``RESHARD_AFTER_FORWARD`` and ``CPU_OFFLOAD``
 (``CPUOffloadPolicy``, CUDA only) to ``fully_shard``'s arguments. fairscale keys with no
 FSDP2 meaning are accepted; what each maps to is logged once (:func:`fairscale_notes`).
 """
@@ -262,6 +262,20 @@ def shard_module(
     if settings.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     units = sharding_units(model, settings)
+    if settings.param_dtype is not None:
+        # BatchNorm computes in float32 (its running statistics are float32 buffers):
+        # its own unit, gathered in float32, its output cast back to the compute dtype
+        norm_policy = MixedPrecisionPolicy(
+            param_dtype=torch.float32,
+            reduce_dtype=torch.float32,
+            output_dtype=settings.param_dtype,
+        )
+        norm_kwargs = {**kwargs, "mp_policy": norm_policy}
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._NormBase) and _param_count(module):
+                fully_shard(
+                    module, reshard_after_forward=settings.reshard_after_forward, **norm_kwargs
+                )
     for _, module in units:
         fully_shard(module, reshard_after_forward=settings.reshard_after_forward, **kwargs)
         if settings.force_sync_cuda:
