@@ -4,18 +4,27 @@ per rank is half of DDP's."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.benchmarks._load import load_benchmark
+from tests.benchmarks._load import REPO
 
 
 # two spawned pairs of processes (each re-imports torch): behind `slow`
 @pytest.mark.slow
 def test_fsdp_halves_the_state_per_rank_on_two_processes(tmp_path) -> None:
-    bench = load_benchmark("fsdp_memory.py")
     out = tmp_path / "rows.json"
-    assert bench.main(["--nprocs", "2", "--model", "vit_tiny", "--json", str(out)]) == 0
+    script = os.path.join(REPO, "benchmarks", "fsdp_memory.py")
+    args = ["--nprocs", "2", "--model", "vit_tiny", "--json", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| 2 | fsdp |" in proc.stdout
     rows = {r["mode"]: r for r in json.loads(out.read_text())}
     assert rows["ddp"]["vs_ddp"] == 1.0
     # every parameter's rows split over 2 ranks: half, up to one row per odd-sized tensor
