@@ -78,8 +78,8 @@ def test_group_file_composition(tmp_path, monkeypatch):
 
 
 def test_vissl_key_not_implemented_warns_by_name():
-    with pytest.warns(UnsupportedConfigWarning, match="config.MODEL.FSDP_CONFIG"):
-        compose("+config.MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=true")
+    with pytest.warns(UnsupportedConfigWarning, match="config.MODEL.SHARDED_DDP_SETUP"):
+        compose("+config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true")
 
 
 def test_not_implemented_value_warns():
@@ -191,4 +191,4 @@ def test_plugin_declared_defaults_are_inserted():
 
 def test_unknown_task_name_is_an_error():
     with pytest.raises(ConfigError, match="TASK_NAME"):
-        compose("config.TRAINER.TASK_NAME=self_supervision_fsdp_task")
+        compose("config.TRAINER.TASK_NAME=self_supervision_fdsp_task")

@@ -74,14 +74,15 @@ POLYMORPHIC = {
     "LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA": (int, float, list),
 }
 
+#: ``TRAINER.TASK_NAME`` values (VISSL's names): DDP, and FSDP2 (vissl/trainer/fsdp.py).
+TASK_NAMES = ("self_supervision_task", "self_supervision_fsdp_task")
+
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
 VISSL_UNSUPPORTED_PREFIXES = (
     "MONITORING",
     "GEO_LOCALIZATION",
     "DISTILLATION",
     "MODEL.SHARDED_DDP_SETUP",
-    "MODEL.FSDP_CONFIG",
-    "OPTIMIZER.use_zero",
     "EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME",
     "DATA.TRAIN.STRATIFIED_SAMPLER",
     "DATA.TEST.STRATIFIED_SAMPLER",
@@ -461,10 +462,11 @@ def check_values(cfg: Mapping[str, Any]) -> None:
                     f"config.DATA.{split}.LABEL_PATHS",
                 )
     dist = cfg["DISTRIBUTED"]
-    if cfg["TRAINER"]["TASK_NAME"] != "self_supervision_task":
+    if cfg["TRAINER"]["TASK_NAME"] not in TASK_NAMES:
         raise ConfigError(
-            f"config.TRAINER.TASK_NAME={cfg['TRAINER']['TASK_NAME']!r}: vissl has one task, "
-            "'self_supervision_task' (VISSL's FSDP/SDP tasks are not implemented).",
+            f"config.TRAINER.TASK_NAME={cfg['TRAINER']['TASK_NAME']!r} is not a task: use "
+            "'self_supervision_task' (DDP) or 'self_supervision_fsdp_task' (FSDP2: the "
+            "model, gradients and optimizer state sharded over the processes).",
             "config.TRAINER.TASK_NAME",
         )
     if (
@@ -480,6 +482,8 @@ def check_values(cfg: Mapping[str, Any]) -> None:
         cfg["MODEL"]["ACTIVATION_CHECKPOINTING"]["USE_ACTIVATION_CHECKPOINTING"]
         and int(dist["NUM_NODES"]) * int(dist["NUM_PROC_PER_NODE"]) > 1
         and not dist["MANUAL_GRADIENT_REDUCTION"]
+        # FSDP2 reduce-scatters gradients after the recomputed backward itself
+        and cfg["TRAINER"]["TASK_NAME"] != "self_supervision_fsdp_task"
     ):
         raise ConfigError(
             "config.MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING with several "

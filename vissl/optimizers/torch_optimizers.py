@@ -154,3 +154,8 @@ def build_adamw(
     """``torch.optim.AdamW`` (decoupled weight decay)."""
     kwargs = _adam_kwargs(cfg, param_groups) | _implementation(torch.optim.AdamW, param_groups)
     return torch.optim.AdamW(param_groups, **kwargs)
+
+
+# VISSL's FSDP optimizer name: SGD (with LARC when OPTIMIZER.use_larc, which works on
+# sharded parameters here); VISSL needed its own class because apex's LARC did not.
+register_optimizer("sgd_fsdp")(build_sgd)

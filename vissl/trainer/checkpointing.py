@@ -30,6 +30,11 @@ from typing import Any
 import torch
 
 from vissl.hooks.base import hook_name
+from vissl.trainer.sharded_checkpoint import (
+    is_sharded_checkpoint,
+    load_sharded_into_task,
+    save_sharded_checkpoint,
+)
 from vissl.utils.checkpoint import (
     POINTER_NAME,
     CheckpointLoadError,
@@ -45,6 +50,7 @@ from vissl.utils.checkpoint import (
     split_model_state,
 )
 from vissl.utils.distributed import (
+    all_reduce_max,
     barrier,
     gather_object_to_primary,
     get_rank,
@@ -86,7 +92,21 @@ def _rank_state(task: SelfSupervisionTask) -> dict[str, Any]:
     return state
 
 
-def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> dict[str, Any]:
+def _optimizer_state(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's state dict; a ZeRO optimizer's consolidated on rank 0 (collective),
+    the rank that writes."""
+    if optimizer is None:
+        return {}
+    from vissl.optimizers.zero import is_zero, zero_state_dict
+
+    if is_zero(optimizer):
+        return zero_state_dict(optimizer, is_primary())
+    return optimizer.state_dict()  # type: ignore[no-any-return]
+
+
+def checkpoint_state(
+    task: SelfSupervisionTask, phase_complete: bool = True, include_tensors: bool = True
+) -> dict[str, Any]:
     """Everything needed to resume ``task``, as tensors and plain containers.
 
     Collective with several processes (every rank must call it): per-rank RNG and meter
@@ -97,29 +117,38 @@ def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> 
         task: the task to save.
         phase_complete: True at a phase end; False for an iteration checkpoint, which
             resumes inside the phase, after ``local_iteration_num`` batches.
+        include_tensors: False for a sharded checkpoint's index: the model, optimizer,
+            loss and the hooks' entries are left out (they are written with DCP, see
+            :mod:`vissl.trainer.sharded_checkpoint`).
     """
     mine = _rank_state(task)
     gathered = gather_object_to_primary(mine)
     per_rank: list[dict[str, Any]] = gathered if gathered is not None else [mine]  # type: ignore[assignment]
     loss_sum, loss_count = task.phase_loss_state()
+    if include_tensors:
+        model_state = split_model_state(task.base_model.state_dict())
+        optimizer_state = _optimizer_state(task.optimizer)
+        loss_state = task.loss.state_dict()
+    else:
+        model_state, optimizer_state, loss_state = split_model_state({}), {}, {}
     classy_state = {
         "train": task.train,
-        "base_model": {"model": split_model_state(task.base_model.state_dict()), "meta": {}},
+        "base_model": {"model": model_state, "meta": {}},
         "meters": per_rank[0]["meters"],
-        "optimizer": task.optimizer.state_dict() if task.optimizer is not None else {},
+        "optimizer": optimizer_state,
         "phase_idx": task.phase_idx,
         "train_phase_idx": task.train_phase_idx,
         "num_updates": task.num_updates,
         "losses": [],
         "hooks": {_hook_key(h): h.state_dict() for h in task.hooks if hasattr(h, "state_dict")},
-        "loss": task.loss.state_dict(),
+        "loss": loss_state,
         "amp": task.precision.state_dict(),
         "phase_complete": phase_complete,
         "phase_loss": {"sum": loss_sum, "count": loss_count},
         "world_size": get_world_size(),
         "per_rank": per_rank,
     }
-    for hook in task.hooks:
+    for hook in task.hooks if include_tensors else ():
         # A hook's own entries of classy_state_dict (e.g. EmaHook's "ema_model").
         entries = getattr(hook, "checkpoint_entries", None)
         if callable(entries):
@@ -129,35 +158,52 @@ def checkpoint_state(task: SelfSupervisionTask, phase_complete: bool = True) -> 
         "iteration": task.iteration,
         "train_phase_idx": task.train_phase_idx,
         "iteration_num": task.local_iteration_num,
-        "loss": task.loss.state_dict(),
+        "loss": loss_state,
         "config": config_to_yaml(task.config),
         "classy_state_dict": classy_state,
     }
 
 
-def restore_checkpoint_state(task: SelfSupervisionTask, state: dict[str, Any]) -> None:
+def restore_checkpoint_state(
+    task: SelfSupervisionTask, state: dict[str, Any], folder: str | None = None
+) -> None:
     """Restore a checkpoint written by :func:`checkpoint_state` into a built task.
 
     A phase-end checkpoint resumes at the next phase. An iteration checkpoint re-enters
     its phase and skips the batches already trained on (``task.pending_resume``, applied
     by :func:`restore_mid_phase` once the phase's data iterator exists).
+
+    Args:
+        task: the built task.
+        state: the loaded checkpoint (a sharded checkpoint's index: its tensors are
+            loaded from its DCP folder, resharded to this run's world size; collective).
+        folder: the folder the checkpoint is in (default: the task's).
     """
     classy = state["classy_state_dict"]
-    task.base_model.load_state_dict(join_model_state(classy["base_model"]["model"]))
+    # The implementation (fused / foreach) is this run's choice, from where its
+    # parameters live, not the choice of the run that wrote the checkpoint.
+    impl = [
+        {k: g[k] for k in _IMPLEMENTATION_KEYS if k in g}
+        for g in (task.optimizer.param_groups if task.optimizer is not None else [])
+    ]
+    sharded = is_sharded_checkpoint(state)
+    if sharded:
+        entries = load_sharded_into_task(task, folder or task.checkpoint_folder, state)
+        classy = {**classy, **entries}
+    else:
+        task.base_model.load_state_dict(join_model_state(classy["base_model"]["model"]))
     for hook in task.hooks:
         restore = getattr(hook, "restore_checkpoint_entries", None)
         if callable(restore):
             restore(task, classy)
-    if task.optimizer is not None and classy.get("optimizer"):
-        # The implementation (fused / foreach) is this run's choice, from where its
-        # parameters live, not the choice of the run that wrote the checkpoint.
-        impl = [
-            {k: g[k] for k in _IMPLEMENTATION_KEYS if k in g} for g in task.optimizer.param_groups
-        ]
-        task.optimizer.load_state_dict(classy["optimizer"])
-        for group, keep in zip(task.optimizer.param_groups, impl, strict=False):
-            group.update(keep)
-    task.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
+    if not sharded:
+        if task.optimizer is not None and classy.get("optimizer"):
+            task.optimizer.load_state_dict(classy["optimizer"])
+        task.loss.load_state_dict(classy.get("loss", state.get("loss", {})))
+    for group, keep in zip(
+        task.optimizer.param_groups if task.optimizer is not None else [], impl, strict=False
+    ):
+        group.update(keep)
     task.precision.load_state_dict(classy.get("amp", {}))
     hook_states = classy.get("hooks", {})
     for h in task.hooks:
@@ -236,12 +282,23 @@ def _run_before_save(task: SelfSupervisionTask) -> None:
 
 
 def _non_finite_parameters(task: SelfSupervisionTask) -> list[str]:
-    """Names of parameters/buffers with NaN or Inf (one device read for the whole model)."""
-    named = [(n, t) for n, t in task.base_model.state_dict().items() if t.is_floating_point()]
+    """Names of parameters/buffers with NaN or Inf (one device read for the whole model).
+
+    Of a sharded model each rank checks its shards and the ranks agree (collective).
+    """
+    from vissl.trainer.fsdp import is_sharded, local_tensor
+
+    named = [
+        (n, local_tensor(t))
+        for n, t in task.base_model.state_dict().items()
+        if t.is_floating_point()
+    ]
     if not named:
         return []
-    flags = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
-    return [n for (n, _), ok in zip(named, flags, strict=True) if not ok]
+    bad = torch.stack([~torch.isfinite(t).all() for _, t in named])
+    if is_sharded(task.base_model):
+        bad = all_reduce_max(bad.to(torch.uint8)).bool()
+    return [n for (n, _), flag in zip(named, bad.tolist(), strict=True) if flag]
 
 
 def save_task_checkpoint(
@@ -264,8 +321,18 @@ def save_task_checkpoint(
             f"{task.iteration}. The previous checkpoint is kept; resume from it with a lower "
             "learning rate."
         )
-    state = checkpoint_state(task, phase_complete=phase_complete)  # collective
     folder = task.checkpoint_folder
+    if getattr(task, "sharded_checkpoints", False):
+        index = checkpoint_state(task, phase_complete=phase_complete, include_tensors=False)
+        path = save_sharded_checkpoint(task, filename, detach_to_cpu(index))  # collective
+        if is_primary():
+            removed = prune_checkpoints(folder, keep_last, protect=filename)
+            if removed:
+                logger.info("removed old checkpoints %s (KEEP_LAST_N_CHECKPOINTS)", removed)
+        barrier()
+        task.checkpoints_written.append(os.path.join(folder, filename))
+        return path
+    state = checkpoint_state(task, phase_complete=phase_complete)  # collective
     path = None
     if is_primary():
         # CPU tensors: the file loads anywhere, also without the GPU it was written on
@@ -375,8 +442,10 @@ def restore_or_initialise(task: SelfSupervisionTask, checkpoint_path: str | None
     if checkpoint_path:
         path, state = load_resume_checkpoint(checkpoint_path)
         logger.info("resuming from %s (iteration %d)", path, int(state["iteration"]))
-        restore_checkpoint_state(task, state)
-    elif task.config.MODEL.WEIGHTS_INIT.PARAMS_FILE:
+        restore_checkpoint_state(task, state, os.path.dirname(path))
+    elif task.config.MODEL.WEIGHTS_INIT.PARAMS_FILE and not getattr(
+        task, "weights_initialised", False
+    ):
         from vissl.utils.weights_init import init_model_from_weights_params_file
 
         init_model_from_weights_params_file(task.base_model, task.config.MODEL.WEIGHTS_INIT)

@@ -26,6 +26,7 @@ from vissl.trainer.checkpointing import (
     restore_checkpoint_state,
     save_task_checkpoint,
 )
+from vissl.trainer.fsdp import FSDP_TASK_NAME, FSDPReduction, is_fsdp_task, shard_task_model
 from vissl.trainer.gradient_reduction import NoReduction, build_gradient_reducer_from_config
 from vissl.trainer.precision import Precision, build_precision
 from vissl.utils.distributed import broadcast_coalesced, get_rank, get_world_size
@@ -139,6 +140,13 @@ class SelfSupervisionTask:
         self._phase_loss_count: float = 0
         self._phase_loss_weight: torch.Tensor | None = None  # total loss_weight, on the device
         self.pending_resume: dict[str, Any] | None = None
+        #: TRAINER.TASK_NAME: self_supervision_fsdp_task: checkpoints are sharded (DCP),
+        #: and with several processes the model is sharded with FSDP2 (vissl.trainer.fsdp)
+        self.sharded_checkpoints = is_fsdp_task(config)
+        #: the checkpoint the trainer resumes from (set before build; None: none)
+        self.resume_checkpoint: str | None = None
+        #: MODEL.WEIGHTS_INIT was applied while building (before sharding the model)
+        self.weights_initialised = False
 
     # ------------------------------------------------------------------ building
     @property
@@ -216,6 +224,11 @@ class SelfSupervisionTask:
         loss_state = [*self.loss.parameters(), *self.loss.buffers()]
         if world_size > 1 and loss_state:
             broadcast_coalesced([t.data for t in loss_state], src=0)
+        fsdp = is_fsdp_task(cfg) and world_size > 1
+        if fsdp:
+            self._shard_model()
+        elif is_fsdp_task(cfg):
+            logger.info("%s with one process: the model is not sharded", FSDP_TASK_NAME)
         self.meters = build_meters(cfg.METERS, device=self.device)
         if "TRAIN" in self.available_splits:
             self.param_schedulers = build_param_schedulers(
@@ -231,8 +244,13 @@ class SelfSupervisionTask:
                 param_schedulers=self.param_schedulers,
                 model_config=cfg.MODEL,
             )
+            if bool(cfg.OPTIMIZER.get("use_zero", False)):
+                self.optimizer = self._zero_optimizer(self.optimizer, world_size, fsdp)
         self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
-        self.grad_reducer = build_gradient_reducer_from_config(cfg, world_size)
+        if fsdp:
+            self.grad_reducer = FSDPReduction(bool(cfg.DISTRIBUTED.BROADCAST_BUFFERS))
+        else:
+            self.grad_reducer = build_gradient_reducer_from_config(cfg, world_size)
         self.model = self.grad_reducer.wrap(self.base_model, self.device)
         compile_cfg = cfg.MODEL.COMPILE
         if compile_cfg.USE_COMPILE:
@@ -252,6 +270,45 @@ class SelfSupervisionTask:
             self.grad_reducer.name,
         )
         return self
+
+    def _shard_model(self) -> None:
+        """Shard the model and the loss's momentum copies with FSDP2 (collective), before
+        the optimizer is built on the sharded parameters. ``MODEL.WEIGHTS_INIT`` is applied
+        first when the run does not resume (it loads full tensors)."""
+        cfg = self.config
+        from vissl.hooks.ema_hook import EmaHook
+
+        if any(isinstance(h, EmaHook) for h in self.hooks):
+            raise ConfigError(
+                "config.HOOKS.EMA_MODEL is not supported with TRAINER.TASK_NAME: "
+                f"{FSDP_TASK_NAME} on several processes (the EMA average would be a full, "
+                "unsharded copy of the model). Turn the EMA model off, or train with "
+                "self_supervision_task.",
+                "config.HOOKS.EMA_MODEL",
+            )
+        if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and not self.resume_checkpoint:
+            from vissl.trainer.checkpointing import reset_momentum_copies
+            from vissl.utils.weights_init import init_model_from_weights_params_file
+
+            init_model_from_weights_params_file(self.base_model, cfg.MODEL.WEIGHTS_INIT)
+            reset_momentum_copies(self)
+            self.weights_initialised = True
+        shard_task_model(
+            self.base_model, momentum_copies(self.loss), cfg.MODEL.FSDP_CONFIG, self.device
+        )
+
+    @staticmethod
+    def _zero_optimizer(optimizer: Any, world_size: int, fsdp: bool) -> Any:
+        """``OPTIMIZER.use_zero``: the optimizer state sharded over the ranks (DDP runs)."""
+        if fsdp:
+            logger.info("OPTIMIZER.use_zero: FSDP already shards the optimizer state")
+            return optimizer
+        if world_size == 1:
+            logger.info("OPTIMIZER.use_zero: one process, nothing to shard")
+            return optimizer
+        from vissl.optimizers.zero import wrap_zero
+
+        return wrap_zero(optimizer)
 
     def _set_num_train_samples(self) -> None:
         """``LOSS.<name>.num_train_samples``, where the loss has that key (memory banks:

@@ -86,6 +86,7 @@ class SelfSupervisionTrainer:
     def build_task(self, step: Any = None) -> SelfSupervisionTask:
         """Build the task, add the hooks its loss and ``step`` declare, then resume."""
         task = SelfSupervisionTask(self.cfg, self.checkpoint_folder, self.device, self.hooks)
+        task.resume_checkpoint = self.checkpoint_path
         task.build()
         # Declared hooks join before the resume, so their checkpointed state is restored.
         owner = step.func if isinstance(step, functools.partial) else step

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -257,14 +258,27 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state)  # the current device
 
 
+def _sharded_dir(folder: str, filename: str) -> str:
+    """The DCP folder of a sharded checkpoint named ``filename`` (it may not exist)."""
+    return os.path.join(folder, filename.removesuffix(".torch") + ".dcp")
+
+
 def remove_stale_temporary_files(folder: str) -> None:
-    """Delete leftovers of writes that were killed before their rename."""
+    """Delete leftovers of writes that were killed before their rename: temporary files
+    and folders, and sharded checkpoint folders (``*.dcp``) whose index was never
+    written."""
     if not os.path.isdir(folder):
         return
-    for name in os.listdir(folder):
-        if name.startswith((".tmp_", ".tmp_pointer_")):
+    names = set(os.listdir(folder))
+    for name in names:
+        path = os.path.join(folder, name)
+        orphan = name.endswith(".dcp") and name.removesuffix(".dcp") + ".torch" not in names
+        if name.startswith((".tmp_", ".tmp_pointer_")) or orphan:
             try:
-                os.unlink(os.path.join(folder, name))
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
             except OSError:
                 pass
 
@@ -279,5 +293,6 @@ def prune_checkpoints(folder: str, keep_last: int, protect: str) -> list[str]:
         if name == protect:
             continue
         os.unlink(os.path.join(folder, name))
+        shutil.rmtree(_sharded_dir(folder, name), ignore_errors=True)
         removed.append(name)
     return removed

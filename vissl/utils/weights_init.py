@@ -433,6 +433,13 @@ def init_model_from_weights_params_file(
             "weights.",
             f"{KEY}.PARAMS_FILE",
         )
+    if checkpoint.get("checkpoint_format") == "sharded_dcp":
+        raise ConfigError(
+            f"{KEY}.PARAMS_FILE={path!r} is the index of a sharded checkpoint (FSDP task): "
+            "write one file of it with python extra_scripts/convert_sharded_checkpoint.py "
+            f"{path} OUT.torch and give OUT.torch.",
+            f"{KEY}.PARAMS_FILE",
+        )
     return init_model_from_checkpoint(model, checkpoint, weights_cfg, model_config, source=path)
 
 
