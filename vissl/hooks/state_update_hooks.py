@@ -216,7 +216,9 @@ def parse_frozen_params_map(entries: Sequence[Any]) -> dict[str, int]:
     return result
 
 
-def resolve_parameter_name(name: str, model: torch.nn.Module, named: Mapping[str, Any]) -> str | None:
+def resolve_parameter_name(
+    name: str, model: torch.nn.Module, named: Mapping[str, Any]
+) -> str | None:
     """The name in ``named`` (the model's parameters) of the parameter ``name`` stands for.
 
     ``name`` may reach a parameter through a module attribute that is not registered
@@ -239,7 +241,11 @@ def resolve_parameter_name(name: str, model: torch.nn.Module, named: Mapping[str
         return None
     ours = {"weight_v": "weight", "weight_g": "scale"}.get(attr, attr)
     param = getattr(module, ours, None)
-    if param is None and attr == "weight_g" and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+    if (
+        param is None
+        and attr == "weight_g"
+        and isinstance(getattr(module, "weight", None), torch.nn.Parameter)
+    ):
         return ""
     if not isinstance(param, torch.nn.Parameter):
         return None

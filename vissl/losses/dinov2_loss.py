@@ -196,7 +196,7 @@ class DINOv2Loss(MaskedDistillationLoss):
         if _is_number(koleo) and koleo > 0 and not head.get("output_cls_token", False):
             raise ConfigError(
                 f"{_KEY}.koleo_loss_weight is {koleo} but the ibot_head does not return the "
-                "trunk's class token that KoLeo spreads: add \"output_cls_token\": True to "
+                'trunk\'s class token that KoLeo spreads: add "output_cls_token": True to '
                 "its kwargs in config.MODEL.HEAD.PARAMS (or set koleo_loss_weight: 0).",
                 "config.MODEL.HEAD.PARAMS",
             )
@@ -274,9 +274,11 @@ class DINOv2Loss(MaskedDistillationLoss):
         dino = pairwise_cls_cross_entropy(cls_targets.chunk(g), student_cls, self.student_temp)
         # each masked patch weighs 1 / (its image's masked patches); the sum over the
         # rows divided by the number of global-crop images
-        row_weights = (1.0 / masked_per_image.clamp(min=1).float()).unsqueeze(1).expand_as(
-            flat_mask
-        )[flat_mask]
+        row_weights = (
+            (1.0 / masked_per_image.clamp(min=1).float())
+            .unsqueeze(1)
+            .expand_as(flat_mask)[flat_mask]
+        )
         per_row = soft_cross_entropy(patch_targets, s_rows, self.student_temp)
         ibot = (per_row * row_weights).sum() / flat_mask.shape[0]
         koleo = dino.new_zeros(())

@@ -193,7 +193,9 @@ class IBOTLoss(MaskedDistillationLoss):
             ConfigError: see :func:`~vissl.losses.self_distillation.infer_masked_distillation_config`.
         """
         infer_masked_distillation_config(params, config, _KEY)
-        params["num_epochs"] = int(config["OPTIMIZER"].get("num_epochs", params.get("num_epochs", 10)))
+        params["num_epochs"] = int(
+            config["OPTIMIZER"].get("num_epochs", params.get("num_epochs", 10))
+        )
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> IBOTLoss:
@@ -211,7 +213,10 @@ class IBOTLoss(MaskedDistillationLoss):
         del iteration
         self.epoch = epoch
         self.teacher_temp = ibot_temperature(
-            epoch, self.warmup_teacher_temp, self.teacher_temp_final, self.warmup_teacher_temp_epochs
+            epoch,
+            self.warmup_teacher_temp,
+            self.teacher_temp_final,
+            self.warmup_teacher_temp_epochs,
         )
         self.teacher_patch_temp = ibot_temperature(
             epoch,
@@ -258,7 +263,11 @@ class IBOTLoss(MaskedDistillationLoss):
         if self.training:
             ema_center_(self.center, t_cls, self.center_momentum)
             ema_center_(self.center2, t_patch.mean(dim=1), self.center_momentum2)
-        return {"loss": cls_term + patch_term, "cls": cls_term.detach(), "patch": patch_term.detach()}
+        return {
+            "loss": cls_term + patch_term,
+            "cls": cls_term.detach(),
+            "patch": patch_term.detach(),
+        }
 
     def extra_repr(self) -> str:
         return (

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -150,7 +150,7 @@ class IBOTHead(nn.Module):
         # +-1/sqrt(bottleneck_dim), rows of norm ~0.58): the step of a weight-normalised
         # layer's direction scales as lr / ||V||, so a smaller init trains it faster
         for layer in {id(m): m for m in (self.prototypes0, self.prototypes1)}.values():
-            nn.init.kaiming_uniform_(layer.weight, a=math.sqrt(5))
+            nn.init.kaiming_uniform_(cast(torch.Tensor, layer.weight), a=math.sqrt(5))
         self.last_norm = _norm(last_norm, out_dim, False, eps, momentum)
         if not shared_head:
             self._modules["last_norm2"] = _norm(last_norm, patch_out_dim, False, eps, momentum)

@@ -125,8 +125,12 @@ class SwAVHead(nn.Module):
             )
             self.add_module(f"prototypes{i}", layer)
 
-    def prototype_layers(self) -> list[nn.Linear | WeightNormLinear]:
-        """The prototype layers, ``prototypes0``, ``prototypes1``, ... in order."""
+    def prototype_layers(self) -> list[nn.Linear]:
+        """The prototype layers, ``prototypes0``, ``prototypes1``, ... in order.
+
+        With ``use_weight_norm_prototypes`` they are ``WeightNormLinear``, which has the
+        same ``weight`` parameter (the direction) and the same call, so the losses treat
+        both alike."""
         return [getattr(self, f"prototypes{i}") for i in range(self.nmb_heads)]
 
     @torch.no_grad()
