@@ -34,6 +34,7 @@ QUICK = [
     "test/integration_test/quick_mae",
     "test/integration_test/quick_ibot",
     "test/integration_test/quick_dinov2",
+    "test/integration_test/quick_ijepa",
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]
