@@ -94,3 +94,23 @@ def test_sigkill_and_resume_through_the_cli_is_bitwise_exact(tmp_path: Path) -> 
     """A real kill -9 after iteration 7, then the same command again."""
     full, killed = sigkill_and_resume_cli(tmp_path, [f"config={QUICK}", *RESUME], iteration=7)
     assert_bitwise_equal(final_state(full), final_state(killed))
+
+
+@pytest.mark.slow
+def test_two_processes_train_and_checkpoint_the_target_encoder(tmp_path: Path) -> None:
+    """DDP on 2 gloo ranks: the collators of the two ranks draw their own masks (each
+    truncates to its own batch), the loss of each rank is its images' mean, and the
+    checkpoint holds a target encoder that lags the trunk."""
+    from tests.integration._runs import run_config
+
+    run_config(
+        QUICK,
+        "config.DISTRIBUTED.NUM_PROC_PER_NODE=2",
+        "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    state = final_state(tmp_path)
+    target = state["loss.target_encoder.trunk.pos_embed"]
+    assert torch.isfinite(target).all() and not torch.equal(target, state["trunk.pos_embed"])
+    losses = [r["loss"] for r in read_jsonl(str(tmp_path / "stdout.json"))]
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
