@@ -35,6 +35,7 @@ QUICK = [
     "test/integration_test/quick_ibot",
     "test/integration_test/quick_dinov2",
     "test/integration_test/quick_msn",
+    "test/integration_test/quick_ijepa",
     "test/cpu_test/tiny_simclr",
     "test/cpu_test/tiny_supervised",
 ]

@@ -114,9 +114,9 @@ def parse_multi_input_head_mapping(mapping: Any) -> list[InputHeadMapping]:
     ``[input_key, {feat_names: [...], head_index: <int>, additional_keys: [...]}]``:
     ``head_index`` picks the head (default: head i for entry i, the last head for the
     entries beyond the number of heads, as in VISSL), ``additional_keys`` names batch
-    entries (listed in INPUT_KEY_NAMES, e.g. a patch ``mask``) given to the trunk's
-    ``forward`` as keyword arguments, and to a head whose ``forward`` has a parameter of
-    that name.
+    entries (listed in INPUT_KEY_NAMES, e.g. a patch ``mask``) given as keyword arguments
+    to the trunk and to the head, each where its ``forward`` has a parameter of that name
+    (every key must be taken by one of them).
 
     Raises:
         ConfigError: a malformed entry or a repeated key.
@@ -426,6 +426,22 @@ class BaseSSLMultiInputOutputModel(nn.Module):
             tuple(k for k in m.additional_keys if _forward_takes(self.heads[h], k))
             for m, h in zip(mapping, self._head_of_entry)
         ]
+        # the trunk gets the additional keys its forward takes (I-JEPA's predictor alone
+        # takes target_masks); a key neither takes would be silently dropped: an error
+        self._trunk_extra_keys = [
+            tuple(k for k in m.additional_keys if _forward_takes(self.trunk, k)) for m in mapping
+        ]
+        for i, (m, heads_keys, trunk_keys) in enumerate(
+            zip(mapping, self._head_extra_keys, self._trunk_extra_keys)
+        ):
+            unused = [k for k in m.additional_keys if k not in (*heads_keys, *trunk_keys)]
+            if unused:
+                raise ConfigError(
+                    f"{_MAPPING_KEY}[{i}].additional_keys: neither the trunk nor the head "
+                    f"takes {unused} (their forward has no parameter of that name); remove "
+                    "them or use a trunk / head that takes them.",
+                    f"{_MAPPING_KEY}[{i}]",
+                )
         if self._extract_trunk_features_only():
             return
         for m, h, extra in zip(mapping, self._head_of_entry, self._head_extra_keys):
@@ -638,8 +654,9 @@ class BaseSSLMultiInputOutputModel(nn.Module):
         self, batch: Mapping[str, torch.Tensor]
     ) -> list[torch.Tensor]:
         """MULTI_INPUT_HEAD_MAPPING: for entry ``i`` = ``[key, features]``, the trunk on
-        ``batch[key]`` (those features, and the entry's ``additional_keys`` of the batch as
-        keyword arguments; missing ones are left out, as in VISSL), then head ``i`` (or the
+        ``batch[key]`` (those features, and the entry's ``additional_keys`` of the batch that
+        its ``forward`` takes as keyword arguments; missing ones are left out, as in VISSL),
+        then head ``i`` (or the
         entry's ``head_index``; given the additional keys its ``forward`` takes); one output
         per entry."""
         if not isinstance(batch, Mapping):
@@ -660,7 +677,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                     f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}]",
                 )
             extra = {k: batch[k] for k in additional_keys if k in batch}
-            feats = self._run_trunk(batch[key], feature_names, extra)
+            trunk_extra = {k: extra[k] for k in self._trunk_extra_keys[i] if k in extra}
+            feats = self._run_trunk(batch[key], feature_names, trunk_extra)
             if self._extract_trunk_features_only():
                 outputs.extend(feats)
                 continue
