@@ -76,3 +76,29 @@ def test_compile_and_channels_last_on_cuda(tmp_path, config) -> None:
 )
 def test_crash_and_resume_on_cuda_is_bitwise(tmp_path, config, crash_at) -> None:
     crash_and_resume_bitwise(config, tmp_path, crash_at)
+
+
+FSDP = "config.TRAINER.TASK_NAME=self_supervision_fsdp_task"
+
+
+@pytest.mark.parametrize(
+    "config,limit", [("test/integration_test/quick_dino", 16), ("quick_start", 512)]
+)
+def test_fsdp_task_trains_on_cuda_in_bf16_and_writes_a_sharded_checkpoint(tmp_path, config, limit):
+    run_config(
+        config,
+        *CUDA,
+        *PRECISIONS["bf16"],
+        FSDP,
+        "config.MODEL.FSDP_CONFIG.compute_dtype=bfloat16",
+        "config.OPTIMIZER.num_epochs=1",
+        f"config.DATA.TRAIN.DATA_LIMIT={limit}",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    assert list(tmp_path.glob("model_final_checkpoint_phase*"))
+    losses = _losses(tmp_path)
+    assert losses and all(math.isfinite(v) for v in losses), losses
+
+
+def test_fsdp_task_crash_and_resume_on_cuda_is_bitwise(tmp_path) -> None:
+    crash_and_resume_bitwise("test/integration_test/quick_dino", tmp_path, 3, FSDP)
