@@ -247,6 +247,7 @@ def test_state_of_another_monitor_is_not_restored() -> None:
 
 
 # ---------------------------------------------------------------------- 2 processes
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_two_processes_stop_at_the_same_phase_through_the_launcher(tmp_path: Any) -> None:

@@ -50,6 +50,7 @@ class OnStepGate(VisslHook):
         self.state["iteration"] = task.iteration
 
 
+@pytest.mark.slow
 def test_one_device_read_per_log_iteration_for_all_log_hooks(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -178,6 +178,7 @@ def test_ctrl_c_in_a_terminal_checkpoints_and_the_resumed_run_is_bitwise_exact(
     assert_same(final_weights(reference), final_weights(run))
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @needs_tmux
 def test_a_second_ctrl_c_in_a_terminal_aborts_at_once(
@@ -224,6 +225,7 @@ def test_sigint_to_the_launcher_of_2_processes_checkpoints_once(tmp_path: Path) 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_second_sigint_to_the_launcher_aborts_the_workers_at_once(tmp_path: Path) -> None:
     run = tmp_path / "run"
     argv = cli(*TWO_PROCESSES, *SLOW_STEPS, f"config.CHECKPOINT.DIR={run}")

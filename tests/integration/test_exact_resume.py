@@ -54,7 +54,7 @@ def assert_same(a, b):
 @pytest.mark.parametrize(
     "nproc,workers,iter_freq,crash_at",
     [
-        (1, 0, 3, 5),  # iteration checkpoint at 3, crash at 5 (mid phase 0)
+        pytest.param(1, 0, 3, 5, marks=pytest.mark.slow),  # iteration checkpoint at 3, crash at 5
         pytest.param(
             1, 2, 3, 10, marks=pytest.mark.slow
         ),  # with workers; iteration checkpoint 9 is inside phase 1

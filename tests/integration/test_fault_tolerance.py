@@ -83,6 +83,7 @@ class InjectNaN(VisslHook):
         task.loss.poison = task.train and task.iteration + 1 >= self.k
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("k", [pytest.param(6, marks=pytest.mark.slow), 7])
 def test_nan_at_step_k_names_k_and_keeps_a_finite_checkpoint(tmp_path, k):

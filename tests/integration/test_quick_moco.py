@@ -42,7 +42,8 @@ def test_quick_moco_runs_and_checkpoints_its_queue_and_encoder(tmp_path) -> None
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
 def test_crash_and_resume_restores_queue_and_momentum_encoder_bitwise(tmp_path, nproc) -> None:
     common = [
         f"config.DISTRIBUTED.NUM_PROC_PER_NODE={nproc}",

@@ -65,6 +65,7 @@ def _knn(folder: Path, params_file: str, knn_config: str = KNN_CONFIG) -> tuple[
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_pretrain_then_knn_probe_of_its_checkpoint(tmp_path: Path) -> None:
     final = _pretrain(tmp_path / "pretrain", "config.OPTIMIZER.num_epochs=6")
     err, feats = _knn(tmp_path / "knn", final)

@@ -56,6 +56,7 @@ def test_quick_swav_momentum_trains(tmp_path) -> None:
 @pytest.mark.parametrize(
     "name", ["pretrain/swav/swav_8gpu_resnet", "pretrain/swav/swav_64gpu_resnet"]
 )
+@pytest.mark.slow
 def test_real_scale_config_trains_one_step_on_cpu(tmp_path, name) -> None:
     import warnings
 

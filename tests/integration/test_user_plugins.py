@@ -13,7 +13,9 @@ PLUGIN = os.path.join(REPO, "tests", "integration", "plugins", "my_plugins.py")
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("nproc,start_method", [(1, "fork"), (2, "forkserver")])
+@pytest.mark.parametrize(
+    "nproc,start_method", [(1, "fork"), pytest.param(2, "forkserver", marks=pytest.mark.slow)]
+)
 def test_user_step_and_hook_run_with_right_event_counts(tmp_path, nproc, start_method):
     run_config(
         "test/cpu_test/tiny_simclr",

@@ -34,7 +34,7 @@ def weights(folder):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_accumulating_k_micro_batches_equals_one_large_batch(tmp_path, nproc):
     big = run_config(
         "test/cpu_test/tiny_supervised",

@@ -93,6 +93,7 @@ def spy_prefetch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 @pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.slow
 def test_only_loader_workers_get_the_next_phase_started(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:
@@ -106,6 +107,7 @@ def test_only_loader_workers_get_the_next_phase_started(
         assert started[:2] == [None, None]
 
 
+@pytest.mark.slow
 def test_a_next_phase_that_cannot_start_early_starts_after_the_phase_end(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -130,6 +132,7 @@ def test_a_next_phase_that_cannot_start_early_starts_after_the_phase_end(
     assert "could not start phase 1's data ahead (Cannot allocate memory)" in log
 
 
+@pytest.mark.slow
 def test_the_batches_are_the_same_as_without_prefetching(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

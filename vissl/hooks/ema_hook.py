@@ -172,6 +172,9 @@ class EmaHook(VisslHook):
         ConfigError: a value out of range, or EMA meters without any meter configured.
     """
 
+    # a full, unsharded copy of the model: the FSDP task refuses it on several processes
+    keeps_full_model_copy = True
+
     # After hooks that change the weights once more after the optimizer step (SwAV's
     # prototype normalisation, Priority.LOW), so the average follows the final weights.
     priority = Priority.LOW + 5

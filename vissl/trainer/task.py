@@ -276,9 +276,8 @@ class SelfSupervisionTask:
         the optimizer is built on the sharded parameters. ``MODEL.WEIGHTS_INIT`` is applied
         first when the run does not resume (it loads full tensors)."""
         cfg = self.config
-        from vissl.hooks.ema_hook import EmaHook
-
-        if any(isinstance(h, EmaHook) for h in self.hooks):
+        # hooks that keep a full, unsharded copy of the model (EmaHook) say so
+        if any(getattr(h, "keeps_full_model_copy", False) for h in self.hooks):
             raise ConfigError(
                 "config.HOOKS.EMA_MODEL is not supported with TRAINER.TASK_NAME: "
                 f"{FSDP_TASK_NAME} on several processes (the EMA average would be a full, "
