@@ -25,6 +25,7 @@ class Inspect(VisslHook):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_channels_last(tmp_path):
     hook = Inspect()
     task = run_config(
@@ -39,6 +40,7 @@ def test_channels_last(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_compile(tmp_path):
     hook = Inspect()
     # aot_eager exercises torch.compile (dynamo + AOT autograd) without minutes of inductor

@@ -78,6 +78,7 @@ def test_accumulating_k_micro_batches_equals_one_large_batch(tmp_path, nproc):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_overridden_backward_runs_for_every_micro_batch(tmp_path):
     from vissl.trainer.train_steps import TRAIN_STEP_REGISTRY, register_train_step
     from vissl.trainer.train_steps.standard_train_step import StandardTrainStep
