@@ -46,6 +46,7 @@ import torch
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
+from vissl.losses._checks import KeyChecks, is_number
 from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
@@ -62,39 +63,8 @@ from vissl.losses.self_distillation import (
 from vissl.utils.distributed import all_reduce_sum
 
 _KEY = "config.LOSS.dinov2_loss"
+_check = KeyChecks(_KEY)
 CENTERINGS = ("centering", "sinkhorn_knopp")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _positive(value: Any, key: str) -> float:
-    if not _is_number(value) or value <= 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number > 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _non_negative(value: Any, key: str) -> float:
-    if not _is_number(value) or value < 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number >= 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _unit(value: Any, key: str) -> float:
-    if not _is_number(value) or not 0 <= value <= 1:
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number in [0, 1], got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
-
-
-def _int(value: Any, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
 
 
 def linear_warmup(iteration: int, start: float, end: float, warmup_iters: int) -> float:
@@ -148,13 +118,13 @@ class DINOv2Loss(MaskedDistillationLoss):
         patch_out_dim: int = 65536,
     ) -> None:
         super().__init__(
-            _unit(momentum_teacher, "momentum_teacher"),
-            _unit(final_momentum_teacher, "final_momentum_teacher"),
+            _check.unit(momentum_teacher, "momentum_teacher"),
+            _check.unit(final_momentum_teacher, "final_momentum_teacher"),
         )
-        self.student_temp = _positive(student_temp, "student_temp")
-        self.warmup_teacher_temp = _positive(warmup_teacher_temp, "warmup_teacher_temp")
-        self.teacher_temp_final = _positive(teacher_temp, "teacher_temp")
-        self.warmup_teacher_temp_iters = _int(
+        self.student_temp = _check.positive(student_temp, "student_temp")
+        self.warmup_teacher_temp = _check.positive(warmup_teacher_temp, "warmup_teacher_temp")
+        self.teacher_temp_final = _check.positive(teacher_temp, "teacher_temp")
+        self.warmup_teacher_temp_iters = _check.count(
             warmup_teacher_temp_iters, "warmup_teacher_temp_iters", 0
         )
         if centering not in CENTERINGS:
@@ -164,18 +134,18 @@ class DINOv2Loss(MaskedDistillationLoss):
                 f"{_KEY}.centering",
             )
         self.centering = centering
-        self.center_momentum = _unit(center_momentum, "center_momentum")
-        self.sinkhorn_knopp_iterations = _int(
+        self.center_momentum = _check.unit(center_momentum, "center_momentum")
+        self.sinkhorn_knopp_iterations = _check.count(
             sinkhorn_knopp_iterations, "sinkhorn_knopp_iterations", 1
         )
-        self.dino_loss_weight = _non_negative(dino_loss_weight, "dino_loss_weight")
-        self.koleo_loss_weight = _non_negative(koleo_loss_weight, "koleo_loss_weight")
-        self.ibot_loss_weight = _non_negative(ibot_loss_weight, "ibot_loss_weight")
+        self.dino_loss_weight = _check.non_negative(dino_loss_weight, "dino_loss_weight")
+        self.koleo_loss_weight = _check.non_negative(koleo_loss_weight, "koleo_loss_weight")
+        self.ibot_loss_weight = _check.non_negative(ibot_loss_weight, "ibot_loss_weight")
         check_crops(num_global_crops, num_local_crops, _KEY)
         self.num_global_crops = num_global_crops
         self.num_local_crops = num_local_crops
-        self.out_dim = _int(out_dim, "out_dim", 1)
-        self.patch_out_dim = _int(patch_out_dim, "patch_out_dim", 1)
+        self.out_dim = _check.count(out_dim, "out_dim", 1)
+        self.patch_out_dim = _check.count(patch_out_dim, "patch_out_dim", 1)
         self.register_buffer("center", torch.zeros(1, self.out_dim))
         self.register_buffer("patch_center", torch.zeros(1, self.patch_out_dim))
         self.center: torch.Tensor
@@ -193,7 +163,7 @@ class DINOv2Loss(MaskedDistillationLoss):
         """
         head = infer_masked_distillation_config(params, config, _KEY)
         koleo = params.get("koleo_loss_weight", 0.1)
-        if _is_number(koleo) and koleo > 0 and not head.get("output_cls_token", False):
+        if is_number(koleo) and koleo > 0 and not head.get("output_cls_token", False):
             raise ConfigError(
                 f"{_KEY}.koleo_loss_weight is {koleo} but the ibot_head does not return the "
                 'trunk\'s class token that KoLeo spreads: add "output_cls_token": True to '

@@ -37,6 +37,7 @@ import torch
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
+from vissl.losses._checks import KeyChecks
 from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
@@ -51,38 +52,7 @@ from vissl.losses.self_distillation import (
 logger = logging.getLogger(__name__)
 
 _KEY = "config.LOSS.ibot_loss"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _positive(value: Any, key: str) -> float:
-    if not _is_number(value) or value <= 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number > 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _non_negative(value: Any, key: str) -> float:
-    if not _is_number(value) or value < 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number >= 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _unit(value: Any, key: str) -> float:
-    if not _is_number(value) or not 0 <= value <= 1:
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number in [0, 1], got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
-
-
-def _count(value: Any, key: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
+_check = KeyChecks(_KEY)
 
 
 def ibot_temperature(
@@ -144,28 +114,28 @@ class IBOTLoss(MaskedDistillationLoss):
         patch_out_dim: int = 8192,
         num_epochs: int = 10,
     ) -> None:
-        super().__init__(_unit(teacher_momentum, "teacher_momentum"))
-        self.warmup_teacher_temp = _positive(warmup_teacher_temp, "warmup_teacher_temp")
-        self.teacher_temp_final = _positive(teacher_temp, "teacher_temp")
-        self.warmup_teacher_patch_temp = _positive(
+        super().__init__(_check.unit(teacher_momentum, "teacher_momentum"))
+        self.warmup_teacher_temp = _check.positive(warmup_teacher_temp, "warmup_teacher_temp")
+        self.teacher_temp_final = _check.positive(teacher_temp, "teacher_temp")
+        self.warmup_teacher_patch_temp = _check.positive(
             warmup_teacher_patch_temp, "warmup_teacher_patch_temp"
         )
-        self.teacher_patch_temp_final = _positive(teacher_patch_temp, "teacher_patch_temp")
-        self.warmup_teacher_temp_epochs = _count(
+        self.teacher_patch_temp_final = _check.positive(teacher_patch_temp, "teacher_patch_temp")
+        self.warmup_teacher_temp_epochs = _check.count(
             warmup_teacher_temp_epochs, "warmup_teacher_temp_epochs"
         )
-        self.student_temp = _positive(student_temp, "student_temp")
-        self.center_momentum = _unit(center_momentum, "center_momentum")
-        self.center_momentum2 = _unit(center_momentum2, "center_momentum2")
-        self.lambda1 = _non_negative(lambda1, "lambda1")
-        self.lambda2 = _non_negative(lambda2, "lambda2")
-        self.mim_start_epoch = _count(mim_start_epoch, "mim_start_epoch")
+        self.student_temp = _check.positive(student_temp, "student_temp")
+        self.center_momentum = _check.unit(center_momentum, "center_momentum")
+        self.center_momentum2 = _check.unit(center_momentum2, "center_momentum2")
+        self.lambda1 = _check.non_negative(lambda1, "lambda1")
+        self.lambda2 = _check.non_negative(lambda2, "lambda2")
+        self.mim_start_epoch = _check.count(mim_start_epoch, "mim_start_epoch")
         check_crops(num_global_crops, num_local_crops, _KEY)
         self.num_global_crops = num_global_crops
         self.num_local_crops = num_local_crops
-        self.out_dim = _count(out_dim, "out_dim", 1)
-        self.patch_out_dim = _count(patch_out_dim, "patch_out_dim", 1)
-        self.num_epochs = _count(num_epochs, "num_epochs")
+        self.out_dim = _check.count(out_dim, "out_dim", 1)
+        self.patch_out_dim = _check.count(patch_out_dim, "patch_out_dim", 1)
+        self.num_epochs = _check.count(num_epochs, "num_epochs")
         if self.warmup_teacher_temp_epochs + self.mim_start_epoch > max(self.num_epochs, 1):
             logger.warning(
                 "%s: warmup_teacher_temp_epochs (%d) + mim_start_epoch (%d) exceed num_epochs "

@@ -44,6 +44,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
+from vissl.losses._checks import KeyChecks
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.self_distillation import MaskedDistillationLoss
 from vissl.losses.swav_common import distributed_sinkhorn
@@ -55,50 +56,12 @@ if TYPE_CHECKING:
 __all__ = ["MSNLoss", "msn_anchor_log_probs", "msn_targets"]
 
 _KEY = "config.LOSS.msn_loss"
+_check = KeyChecks(_KEY)
 COLLATOR = "msn_collator"
 TARGET_VIEWS = "target_views"
 ANCHOR_VIEWS = "anchor_views"
 FOCAL_VIEWS = "focal_views"
 MASK = "mask"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _positive(value: Any, key: str) -> float:
-    if not _is_number(value) or value <= 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number > 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _non_negative(value: Any, key: str) -> float:
-    if not _is_number(value) or value < 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number >= 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _unit(value: Any, key: str, upper_open: bool = False) -> float:
-    if not _is_number(value) or not (0 <= value < 1 if upper_open else 0 <= value <= 1):
-        interval = "[0, 1)" if upper_open else "[0, 1]"
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number in {interval}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
-
-
-def _count(value: Any, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
-
-
-def _flag(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{_KEY}.{key} must be true or false, got {value!r}.", f"{_KEY}.{key}")
-    return value
 
 
 def _smoothed_log_probs(logits: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -177,15 +140,15 @@ class MSNLoss(MaskedDistillationLoss):
         label_smoothing: float = 0.0,
         output_dim: int = 1024,
     ) -> None:
-        super().__init__(_unit(momentum, "momentum"))
-        self.temperature = _positive(temperature, "temperature")
-        self.target_temperature = _positive(target_temperature, "target_temperature")
-        self.me_max_weight = _non_negative(me_max_weight, "me_max_weight")
-        self.entropy_weight = _non_negative(entropy_weight, "entropy_weight")
-        self.use_sinkhorn = _flag(use_sinkhorn, "use_sinkhorn")
-        self.sinkhorn_iterations = _count(sinkhorn_iterations, "sinkhorn_iterations", 1)
-        self.label_smoothing = _unit(label_smoothing, "label_smoothing", upper_open=True)
-        self.output_dim = _count(output_dim, "output_dim", 1)
+        super().__init__(_check.unit(momentum, "momentum"))
+        self.temperature = _check.positive(temperature, "temperature")
+        self.target_temperature = _check.positive(target_temperature, "target_temperature")
+        self.me_max_weight = _check.non_negative(me_max_weight, "me_max_weight")
+        self.entropy_weight = _check.non_negative(entropy_weight, "entropy_weight")
+        self.use_sinkhorn = _check.flag(use_sinkhorn, "use_sinkhorn")
+        self.sinkhorn_iterations = _check.count(sinkhorn_iterations, "sinkhorn_iterations", 1)
+        self.label_smoothing = _check.unit(label_smoothing, "label_smoothing", upper_open=True)
+        self.output_dim = _check.count(output_dim, "output_dim", 1)
         #: (model head, target head) pairs whose prototypes are shared (set by bind_model)
         self._prototype_pairs: list[tuple[MSNHead, MSNHead]] = []
 
