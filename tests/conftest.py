@@ -8,7 +8,11 @@ import signal
 import pytest
 import torch
 
+from tests import _yaml_cache
+
 os.environ.setdefault("TQDM_DISABLE", "1")
+# each YAML text parsed once per test process (see tests/_yaml_cache.py)
+_yaml_cache.install()
 # Under pytest-xdist (``-n 2``, the README's command) each worker is one of the machine's
 # cores: one thread each, and the processes a test starts inherit OMP_NUM_THREADS=1.
 if os.environ.get("PYTEST_XDIST_WORKER"):

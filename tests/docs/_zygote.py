@@ -35,6 +35,16 @@ def _preload() -> None:
     import hydra  # noqa: F401
     import omegaconf  # noqa: F401
 
+    # children inherit the defaults already parsed (tests/_yaml_cache.py)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, root)
+    try:
+        from tests import _yaml_cache
+    finally:
+        sys.path.remove(root)
+    _yaml_cache.install()
+    _yaml_cache.warm()
+
 
 def _child(request: dict[str, Any]) -> None:
     """In the forked child: become ``python script argv...``; never returns."""
