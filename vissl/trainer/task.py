@@ -276,15 +276,6 @@ class SelfSupervisionTask:
         the optimizer is built on the sharded parameters. ``MODEL.WEIGHTS_INIT`` is applied
         first when the run does not resume (it loads full tensors)."""
         cfg = self.config
-        # hooks that keep a full, unsharded copy of the model (EmaHook) say so
-        if any(getattr(h, "keeps_full_model_copy", False) for h in self.hooks):
-            raise ConfigError(
-                "config.HOOKS.EMA_MODEL is not supported with TRAINER.TASK_NAME: "
-                f"{FSDP_TASK_NAME} on several processes (the EMA average would be a full, "
-                "unsharded copy of the model). Turn the EMA model off, or train with "
-                "self_supervision_task.",
-                "config.HOOKS.EMA_MODEL",
-            )
         if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and not self.resume_checkpoint:
             from vissl.trainer.checkpointing import reset_momentum_copies
             from vissl.utils.weights_init import init_model_from_weights_params_file
@@ -292,8 +283,20 @@ class SelfSupervisionTask:
             init_model_from_weights_params_file(self.base_model, cfg.MODEL.WEIGHTS_INIT)
             reset_momentum_copies(self)
             self.weights_initialised = True
+        # copies of the model a hook keeps (EmaHook's average), made now from the full
+        # model and sharded with it
+        followers = [
+            copy
+            for hook in self.hooks
+            if callable(getattr(hook, "sharded_model_copies", None))
+            for copy in hook.sharded_model_copies(self)
+        ]
         shard_task_model(
-            self.base_model, momentum_copies(self.loss), cfg.MODEL.FSDP_CONFIG, self.device
+            self.base_model,
+            momentum_copies(self.loss),
+            cfg.MODEL.FSDP_CONFIG,
+            self.device,
+            followers=followers,
         )
 
     @staticmethod
