@@ -21,6 +21,7 @@ from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
 from vissl.models.momentum import momentum_copies
+from vissl.optimizers.zero import SDP_TASK_NAME, is_sdp_task, sharded_ddp_notes
 from vissl.trainer.checkpointing import (
     checkpoint_state,
     restore_checkpoint_state,
@@ -225,6 +226,14 @@ class SelfSupervisionTask:
         if world_size > 1 and loss_state:
             broadcast_coalesced([t.data for t in loss_state], src=0)
         fsdp = is_fsdp_task(cfg) and world_size > 1
+        if is_sdp_task(cfg):
+            logger.info(
+                "%s (fairscale's ShardedDDP + OSS): DDP with the optimizer state sharded "
+                "(ZeroRedundancyOptimizer, as OPTIMIZER.use_zero)",
+                SDP_TASK_NAME,
+            )
+        for note in sharded_ddp_notes(cfg.MODEL.get("SHARDED_DDP_SETUP")):
+            logger.info(note)
         if fsdp:
             self._shard_model()
         elif is_fsdp_task(cfg):
@@ -244,7 +253,7 @@ class SelfSupervisionTask:
                 param_schedulers=self.param_schedulers,
                 model_config=cfg.MODEL,
             )
-            if bool(cfg.OPTIMIZER.get("use_zero", False)):
+            if bool(cfg.OPTIMIZER.get("use_zero", False)) or is_sdp_task(cfg):
                 self.optimizer = self._zero_optimizer(self.optimizer, world_size, fsdp)
         self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
         if fsdp:
