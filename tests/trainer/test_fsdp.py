@@ -151,6 +151,7 @@ def test_ema_copy_for_sharding_and_the_cpu_device_refusal() -> None:
     assert info.value.key_path == "config.HOOKS.EMA_MODEL.EMA_DEVICE"
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_hook_entry_missing_from_a_sharded_checkpoint_is_not_loaded(tmp_path) -> None:
     """A checkpoint written before HOOKS.EMA_MODEL was turned on has no ema_model: only the
     entries it holds are asked of DCP (the hook then restarts the average, and says so)."""

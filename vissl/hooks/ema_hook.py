@@ -391,10 +391,13 @@ class EmaHook(VisslHook):
 
     def checkpoint_entries(self, task: SelfSupervisionTask) -> dict[str, Any]:
         """``{"ema_model": ...}`` for ``classy_state_dict``: VISSL's key, in the layout of
-        ``base_model`` (``WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model`` loads it)."""
+        ``base_model`` (``WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model`` loads it).
+
+        The EMA is made first if it does not exist yet: a sharded (DCP) checkpoint is
+        loaded into these entries, which a resume asks for before :meth:`on_start`."""
+        self.ensure_model(task)
         state = self.ema_state_dict()
-        if state is None:
-            return {}
+        assert state is not None
         return {"ema_model": {"model": split_model_state(state), "meta": {}}}
 
     def restore_checkpoint_entries(
