@@ -359,9 +359,10 @@ def test_fsdp_with_bf16_amp_mixed_precision_and_activation_checkpointing(tmp_pat
 )
 def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> None:
     """Every config of VISSL's folder that selects self_supervision_fsdp_task (91 in
-    VISSL's main): its TRAINER, OPTIMIZER and MODEL.FSDP_CONFIG / AMP_PARAMS keys are
-    known (FSDP_CONFIG no longer warns), and the trunk, heads, optimizer and task it names
-    are registered."""
+    VISSL's main) or the ShardedDDP task (self_supervision_sdp_task, USE_SDP: none in
+    VISSL's main): its TRAINER, OPTIMIZER and MODEL.FSDP_CONFIG / SHARDED_DDP_SETUP /
+    AMP_PARAMS keys are known (they no longer warn), and the trunk, heads, optimizer and
+    task it names are registered."""
     import warnings
 
     import yaml
@@ -376,7 +377,10 @@ def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> 
     found = 0
     for path in sorted(Path(os.environ["VISSL_CONFIGS_DIR"]).rglob("*.yaml")):
         text = path.read_text(encoding="utf-8")
-        if "self_supervision_fsdp_task" not in text:
+        if not any(
+            name in text
+            for name in ("self_supervision_fsdp_task", "self_supervision_sdp_task", "USE_SDP")
+        ):
             continue
         cfg = (yaml.safe_load(text) or {}).get("config") or {}
         found += 1
@@ -389,13 +393,17 @@ def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> 
                 {
                     "TRAINER": cfg["TRAINER"],
                     "OPTIMIZER": cfg.get("OPTIMIZER") or {},
-                    "MODEL": {k: model[k] for k in ("FSDP_CONFIG", "AMP_PARAMS") if k in model},
+                    "MODEL": {
+                        k: model[k]
+                        for k in ("FSDP_CONFIG", "SHARDED_DDP_SETUP", "AMP_PARAMS")
+                        if k in model
+                    },
                 }
             )
         warned = [
             str(w.message) for w in caught if issubclass(w.category, UnsupportedConfigWarning)
         ]
-        assert not [m for m in warned if "FSDP_CONFIG" in m], (path, warned)
+        assert not [m for m in warned if "FSDP_CONFIG" in m or "SHARDED_DDP" in m], (path, warned)
         assert cfg["TRAINER"]["TASK_NAME"] in TASK_NAMES
         model = cfg.get("MODEL") or {}
         trunk = (model.get("TRUNK") or {}).get("NAME")
