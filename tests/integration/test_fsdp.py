@@ -19,9 +19,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,13 +46,20 @@ TINY = [
 EMA = ["config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "config.HOOKS.EMA_MODEL.DECAY=0.5"]
 
 
-def final_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The final checkpoint's model and loss state (consolidated when sharded)."""
+@functools.cache
+def _final_checkpoint(folder: Path) -> dict[str, Any]:
+    """The final checkpoint in ``folder``, consolidated when sharded (read once; not to
+    be changed)."""
     (path,) = folder.glob("model_final_checkpoint_phase*.torch")
     state = load_checkpoint(str(path))
     if state.get("checkpoint_format"):
         state = consolidate_sharded_checkpoint(str(path))
-    classy = state["classy_state_dict"]
+    return state
+
+
+def final_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint's model and loss state (consolidated when sharded)."""
+    classy = _final_checkpoint(folder)["classy_state_dict"]
     model = classy["base_model"]["model"]
     flat = {f"trunk.{k}": v for k, v in model["trunk"].items()}
     flat |= {f"heads.{k}": v for k, v in model["heads"].items()}
@@ -61,11 +70,7 @@ def final_state(folder: Path) -> dict[str, torch.Tensor]:
 def ema_state(folder: Path) -> dict[str, torch.Tensor]:
     """The final checkpoint's ``classy_state_dict["ema_model"]`` (consolidated when
     sharded), flat (``trunk.*``, ``heads.*``)."""
-    (path,) = folder.glob("model_final_checkpoint_phase*.torch")
-    state = load_checkpoint(str(path))
-    if state.get("checkpoint_format"):
-        state = consolidate_sharded_checkpoint(str(path))
-    ema = state["classy_state_dict"]["ema_model"]
+    ema = _final_checkpoint(folder)["classy_state_dict"]["ema_model"]
     assert set(ema) == {"model", "meta"} and set(ema["model"]) == {"trunk", "heads", "other"}
     return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in ema["model"][part].items()}
 
