@@ -243,13 +243,15 @@ class EmaHook(VisslHook):
         )
 
     # ------------------------------------------------------------------ the average
-    def ensure_model(self, task: SelfSupervisionTask, compile_now: bool = True) -> nn.Module:
+    def ensure_model(self, task: SelfSupervisionTask, to_be_sharded: bool = False) -> nn.Module:
         """The EMA model, copied from ``task.base_model`` on first use.
 
         Args:
             task: the task whose model the EMA follows.
-            compile_now: apply ``MODEL.COMPILE`` (with EMA meters) at once; False when the
-                copy is sharded first (it is compiled at :meth:`on_start`).
+            to_be_sharded: the FSDP task shards the copy next: ``MODEL.COMPILE`` waits
+                for :meth:`on_start` and the tensors are paired at the first update
+                (otherwise both happen now, the host buffers of an EMA on the CPU
+                included).
         """
         if self.model is None:
             device = torch.device("cpu") if self.ema_device == "cpu" else task.device
@@ -257,8 +259,9 @@ class EmaHook(VisslHook):
             model.eval()  # it never trains: dropout off, BatchNorm uses the copied stats
             self.model, self.device = model, device
             self._compile_pending = self.enable_ema_meters
-            if compile_now:
+            if not to_be_sharded:
                 self._compile(task)
+                self._paired(task)
             logger.info(
                 "EMA of the model on %s: decay %s, updated every %d optimizer step(s)",
                 device,
@@ -306,9 +309,9 @@ class EmaHook(VisslHook):
                 "the weights per process. Set EMA_DEVICE: gpu.",
                 f"{KEY}.EMA_DEVICE",
             )
-        if self._tensors is not None:
-            raise RuntimeError("the EMA copy must be sharded before its first update")
-        return [self.ensure_model(task, compile_now=False)]
+        if self.model is not None:
+            raise RuntimeError("the EMA copy must be made for sharding, before anything else")
+        return [self.ensure_model(task, to_be_sharded=True)]
 
     def on_start(self, task: SelfSupervisionTask) -> None:
         self.ensure_model(task)
