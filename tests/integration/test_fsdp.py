@@ -14,7 +14,7 @@
   (``ENABLE_EMA_METERS``) equal DDP's and a kill -9 resume is bitwise equal, the average
   included (``-m slow``).
 - VISSL's ``self_supervision_sdp_task`` (DDP with ZeroRedundancyOptimizer here) equals
-  the DDP run to 1e-4 (``-m slow``).
+  the DDP run to 1e-4.
 """
 
 from __future__ import annotations
@@ -273,9 +273,7 @@ def test_use_zero_equals_ddp_and_resumes_exactly(
     assert "state sharded over the ranks (ZeroRedundancyOptimizer)" in log
 
 
-@pytest.mark.slow
 @pytest.mark.integration
-@pytest.mark.timeout(1800)  # several 2-process runs
 def test_sdp_task_is_ddp_with_zero_and_equals_ddp(
     dino_runs: dict[str, Path], tmp_path: Path
 ) -> None:
