@@ -78,8 +78,26 @@ def test_group_file_composition(tmp_path, monkeypatch):
 
 
 def test_vissl_key_not_implemented_warns_by_name():
-    with pytest.warns(UnsupportedConfigWarning, match="config.MODEL.SHARDED_DDP_SETUP"):
-        compose("+config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true")
+    with pytest.warns(UnsupportedConfigWarning, match="config.GEO_LOCALIZATION"):
+        compose("+config.GEO_LOCALIZATION.ACC_KM_THRESHOLDS=[1]")
+
+
+def test_use_sdp_selects_the_sdp_task_with_zero_and_sharded_ddp_keys_are_known(recwarn):
+    """VISSL's MODEL.SHARDED_DDP_SETUP: USE_SDP rewrites the task name and use_zero as
+    VISSL does; reduce_buffer_size is accepted (no warning) and gets its one-line note."""
+    from vissl.optimizers.zero import sharded_ddp_notes
+
+    _, cfg = compose(
+        "config.MODEL.SHARDED_DDP_SETUP.USE_SDP=true",
+        "config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=1024",
+    )
+    assert not [w for w in recwarn if issubclass(w.category, UnsupportedConfigWarning)]
+    assert cfg.TRAINER.TASK_NAME == "self_supervision_sdp_task"
+    assert cfg.OPTIMIZER.use_zero is True
+    (note,) = sharded_ddp_notes(cfg.MODEL.SHARDED_DDP_SETUP)
+    assert note.startswith("config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=1024: no meaning")
+    assert "DATA.DDP_BUCKET_CAP_MB" in note
+    assert not sharded_ddp_notes({"USE_SDP": False, "reduce_buffer_size": -1})
 
 
 def test_not_implemented_value_warns():

@@ -8,13 +8,22 @@
   equal to the uninterrupted sharded run (``-m slow``).
 - ``extra_scripts/convert_sharded_checkpoint.py`` writes a consolidated file that
   ``MODEL.WEIGHTS_INIT`` loads.
+- ``HOOKS.EMA_MODEL`` under the sharded task: the average is sharded like the model, equals
+  the DDP run's to 1e-5, is saved in the DCP checkpoint, resharded on resume, and the
+  converter writes it as ``classy_state_dict["ema_model"]``; its test-phase meters
+  (``ENABLE_EMA_METERS``) equal DDP's and a kill -9 resume is bitwise equal, the average
+  included (``-m slow``).
+- VISSL's ``self_supervision_sdp_task`` (DDP with ZeroRedundancyOptimizer here) equals
+  the DDP run to 1e-4.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,20 +42,37 @@ TINY = [
     "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
     "config.CHECKPOINT.AUTO_RESUME=True",
 ]
+# the EMA model, saved in the checkpoints (a small decay, so it moves visibly each step)
+EMA = ["config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "config.HOOKS.EMA_MODEL.DECAY=0.5"]
 
 
-def final_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The final checkpoint's model and loss state (consolidated when sharded)."""
+@functools.cache
+def _final_checkpoint(folder: Path) -> dict[str, Any]:
+    """The final checkpoint in ``folder``, consolidated when sharded (read once; not to
+    be changed)."""
     (path,) = folder.glob("model_final_checkpoint_phase*.torch")
     state = load_checkpoint(str(path))
     if state.get("checkpoint_format"):
         state = consolidate_sharded_checkpoint(str(path))
-    classy = state["classy_state_dict"]
+    return state
+
+
+def final_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint's model and loss state (consolidated when sharded)."""
+    classy = _final_checkpoint(folder)["classy_state_dict"]
     model = classy["base_model"]["model"]
     flat = {f"trunk.{k}": v for k, v in model["trunk"].items()}
     flat |= {f"heads.{k}": v for k, v in model["heads"].items()}
     flat |= {f"loss.{k}": v for k, v in classy["loss"].items()}
     return flat
+
+
+def ema_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint's ``classy_state_dict["ema_model"]`` (consolidated when
+    sharded), flat (``trunk.*``, ``heads.*``)."""
+    ema = _final_checkpoint(folder)["classy_state_dict"]["ema_model"]
+    assert set(ema) == {"model", "meta"} and set(ema["model"]) == {"trunk", "heads", "other"}
+    return {f"{part}.{k}": v for part in ("trunk", "heads") for k, v in ema["model"][part].items()}
 
 
 def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
@@ -57,11 +83,12 @@ def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: f
 
 @pytest.fixture(scope="module")
 def dino_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """quick_dino on 2 processes, with DDP and sharded with FSDP2 (4 steps each)."""
+    """quick_dino on 2 processes, with DDP and sharded with FSDP2 (4 steps each), with
+    the EMA model on."""
     root = tmp_path_factory.mktemp("fsdp_dino")
     folders = {"ddp": root / "ddp", "fsdp": root / "fsdp"}
-    run_config(DINO, TWO, *TINY, f"config.CHECKPOINT.DIR={folders['ddp']}")
-    run_config(DINO, TWO, *TINY, FSDP, f"config.CHECKPOINT.DIR={folders['fsdp']}")
+    run_config(DINO, TWO, *TINY, *EMA, f"config.CHECKPOINT.DIR={folders['ddp']}")
+    run_config(DINO, TWO, *TINY, *EMA, FSDP, f"config.CHECKPOINT.DIR={folders['fsdp']}")
     return folders
 
 
@@ -81,6 +108,24 @@ def test_fsdp_dino_equals_ddp_teacher_included(dino_runs: dict[str, Path]) -> No
 
 
 @pytest.mark.integration
+def test_fsdp_ema_model_is_sharded_and_equals_ddps(dino_runs: dict[str, Path]) -> None:
+    """HOOKS.EMA_MODEL under the sharded task: the average is held in shards (the DCP
+    folder has one chunk per rank of each of its weights) and, consolidated, equals the
+    DDP run's average to 1e-5."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    folder = dino_runs["fsdp"] / "model_final_checkpoint_phase1.dcp"
+    saved = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    weight = "hook_entries.ema_model.model.trunk._feature_blocks.layer1.0.conv1.weight"
+    assert len(saved[weight].chunks) == 2  # type: ignore[union-attr]
+    ddp, fsdp = ema_state(dino_runs["ddp"]), ema_state(dino_runs["fsdp"])
+    assert_close(ddp, fsdp, atol=1e-5)
+    # the average is not the model (DECAY 0.5 over 4 steps)
+    model = final_state(dino_runs["fsdp"])
+    assert max((model[k] - v).abs().max().item() for k, v in fsdp.items() if "weight" in k) > 0
+
+
+@pytest.mark.integration
 def test_sharded_checkpoint_resumes_on_one_process_and_converts(
     dino_runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -91,12 +136,14 @@ def test_sharded_checkpoint_resumes_on_one_process_and_converts(
     for name in ("model_iteration3.torch", "model_iteration3.dcp"):
         src = dino_runs["fsdp"] / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, folder / name)
-    run_config(DINO, *TINY, FSDP, f"config.CHECKPOINT.DIR={folder}")
+    run_config(DINO, *TINY, *EMA, FSDP, f"config.CHECKPOINT.DIR={folder}")
     log = (folder / "log.txt").read_text()
     assert "resuming from" in log and "resumed inside phase 1" in log
     assert "checkpoint was written by 2 processes, this run has 1" in log
+    assert "holds no EMA model" not in log  # the sharded average was restored, unsharded
     final = final_state(folder)
     assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+    assert ema_state(folder).keys() == ema_state(dino_runs["fsdp"]).keys()
 
     from tests.extra_scripts._helpers import run_as_main
 
@@ -123,6 +170,14 @@ def test_sharded_checkpoint_resumes_on_one_process_and_converts(
     init_model_from_weights_params_file(model, cfg.MODEL.WEIGHTS_INIT)
     expected = final_state(dino_runs["fsdp"])
     # (WEIGHTS_INIT skips num_batches_tracked by default, as VISSL)
+    loaded = {k: v for k, v in model.state_dict().items() if "num_batches" not in k}
+    differ = [k for k in loaded if not torch.equal(loaded[k], expected[k])]
+    assert not differ, differ[:5]
+    # the EMA model, consolidated as a DDP run writes it, loads by its key name
+    assert converted["classy_state_dict"]["ema_model"]["meta"] == {}
+    cfg.MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME = "ema_model"
+    init_model_from_weights_params_file(model, cfg.MODEL.WEIGHTS_INIT)
+    expected = ema_state(dino_runs["fsdp"])
     loaded = {k: v for k, v in model.state_dict().items() if "num_batches" not in k}
     differ = [k for k in loaded if not torch.equal(loaded[k], expected[k])]
     assert not differ, differ[:5]
@@ -156,7 +211,7 @@ def test_fsdp_sigkill_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
     from tests.integration.test_quick_dino_barlow import SIGKILL_PLUGIN, run_cli
     from tests.integration.test_quick_vicreg import assert_bitwise_equal
 
-    args = [f"config={DINO}", TWO, *TINY, FSDP, "config.DATA.TRAIN.DATA_LIMIT=32"]
+    args = [f"config={DINO}", TWO, *TINY, *EMA, FSDP, "config.DATA.TRAIN.DATA_LIMIT=32"]
     plugin = tmp_path / "sigkill_plugin.py"
     plugin.write_text(SIGKILL_PLUGIN)
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -177,6 +232,7 @@ def test_fsdp_sigkill_and_resume_is_bitwise_exact(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed inside phase 1" in (killed / "log.txt").read_text()
     assert_bitwise_equal(final_state(full), final_state(killed))
+    assert_bitwise_equal(ema_state(full), ema_state(killed))  # the sharded EMA model too
 
 
 @pytest.mark.slow
@@ -217,6 +273,60 @@ def test_use_zero_equals_ddp_and_resumes_exactly(
     assert "state sharded over the ranks (ZeroRedundancyOptimizer)" in log
 
 
+@pytest.mark.integration
+def test_sdp_task_is_ddp_with_zero_and_equals_ddp(
+    dino_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """VISSL's TRAINER.TASK_NAME: self_supervision_sdp_task (fairscale's ShardedDDP + OSS)
+    on 2 processes: DDP with the optimizer state sharded by ZeroRedundancyOptimizer
+    (without OPTIMIZER.use_zero), the weights and the EMA model of the DDP run to 1e-4."""
+    run_config(
+        DINO,
+        TWO,
+        *TINY,
+        *EMA,
+        "config.TRAINER.TASK_NAME=self_supervision_sdp_task",
+        "config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=1024",
+        f"config.CHECKPOINT.DIR={tmp_path}",
+    )
+    log = (tmp_path / "log.txt").read_text()
+    assert "self_supervision_sdp_task (fairscale's ShardedDDP + OSS)" in log
+    assert "AdamW state sharded over the ranks (ZeroRedundancyOptimizer)" in log
+    assert "config.MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=1024: no meaning" in log
+    assert "gradient reduction ddp" in log
+    assert_close(final_state(dino_runs["ddp"]), final_state(tmp_path), atol=1e-4)
+    assert_close(ema_state(dino_runs["ddp"]), ema_state(tmp_path), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # several 2-process runs
+def test_fsdp_ema_meters_equal_ddps(tmp_path: Path) -> None:
+    """HOOKS.EMA_MODEL.ENABLE_EMA_METERS under the sharded task: the sharded average runs
+    in the test phases (gathered unit by unit) and its meters equal the DDP run's; the
+    average itself equals DDP's to 1e-5 (the tiny supervised run, 2 processes)."""
+    from tests._tiny_run import SMALL
+    from tests._tiny_run import TINY as SUPERVISED
+    from tests.integration._runs import read_jsonl
+
+    args = [
+        *SMALL,
+        TWO,
+        "config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True",
+        "config.HOOKS.EMA_MODEL.ENABLE_EMA_METERS=True",
+        "config.HOOKS.EMA_MODEL.DECAY=0.6",
+    ]
+    run_config(SUPERVISED, *args, f"config.CHECKPOINT.DIR={tmp_path / 'ddp'}")
+    run_config(SUPERVISED, *args, FSDP, f"config.CHECKPOINT.DIR={tmp_path / 'fsdp'}")
+    key = "test_ema_accuracy_list_meter"
+    meters = {
+        name: [r[key] for r in read_jsonl(str(tmp_path / name / "metrics.json")) if key in r]
+        for name in ("ddp", "fsdp")
+    }
+    assert len(meters["fsdp"]) == 2 and meters["fsdp"] == meters["ddp"]
+    assert_close(ema_state(tmp_path / "ddp"), ema_state(tmp_path / "fsdp"), atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(1800)  # several 2-process runs
@@ -252,9 +362,10 @@ def test_fsdp_with_bf16_amp_mixed_precision_and_activation_checkpointing(tmp_pat
 )
 def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> None:
     """Every config of VISSL's folder that selects self_supervision_fsdp_task (91 in
-    VISSL's main): its TRAINER, OPTIMIZER and MODEL.FSDP_CONFIG / AMP_PARAMS keys are
-    known (FSDP_CONFIG no longer warns), and the trunk, heads, optimizer and task it names
-    are registered."""
+    VISSL's main) or the ShardedDDP task (self_supervision_sdp_task, USE_SDP: none in
+    VISSL's main): its TRAINER, OPTIMIZER and MODEL.FSDP_CONFIG / SHARDED_DDP_SETUP /
+    AMP_PARAMS keys are known (they no longer warn), and the trunk, heads, optimizer and
+    task it names are registered."""
     import warnings
 
     import yaml
@@ -269,7 +380,10 @@ def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> 
     found = 0
     for path in sorted(Path(os.environ["VISSL_CONFIGS_DIR"]).rglob("*.yaml")):
         text = path.read_text(encoding="utf-8")
-        if "self_supervision_fsdp_task" not in text:
+        if not any(
+            name in text
+            for name in ("self_supervision_fsdp_task", "self_supervision_sdp_task", "USE_SDP")
+        ):
             continue
         cfg = (yaml.safe_load(text) or {}).get("config") or {}
         found += 1
@@ -282,13 +396,17 @@ def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> 
                 {
                     "TRAINER": cfg["TRAINER"],
                     "OPTIMIZER": cfg.get("OPTIMIZER") or {},
-                    "MODEL": {k: model[k] for k in ("FSDP_CONFIG", "AMP_PARAMS") if k in model},
+                    "MODEL": {
+                        k: model[k]
+                        for k in ("FSDP_CONFIG", "SHARDED_DDP_SETUP", "AMP_PARAMS")
+                        if k in model
+                    },
                 }
             )
         warned = [
             str(w.message) for w in caught if issubclass(w.category, UnsupportedConfigWarning)
         ]
-        assert not [m for m in warned if "FSDP_CONFIG" in m], (path, warned)
+        assert not [m for m in warned if "FSDP_CONFIG" in m or "SHARDED_DDP" in m], (path, warned)
         assert cfg["TRAINER"]["TASK_NAME"] in TASK_NAMES
         model = cfg.get("MODEL") or {}
         trunk = (model.get("TRUNK") or {}).get("NAME")

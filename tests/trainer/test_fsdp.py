@@ -127,3 +127,42 @@ def test_seer_configs_build_their_model_on_the_meta_device(name: str, features: 
     assert out[0][-1].shape == (2, 16000)  # the prototype scores
     units = sharding_units(model, FSDPSettings())
     assert len(units) == 27 + 1  # the RegNet's blocks (one stage has one), the head
+
+
+def test_ema_copy_for_sharding_and_the_cpu_device_refusal() -> None:
+    """EmaHook.sharded_model_copies (the FSDP task calls it before sharding): the average,
+    a frozen copy of the full model; with EMA_DEVICE cpu and the model on a GPU it is
+    refused with a ConfigError naming the key (a sharded copy lives on the model's
+    device)."""
+    from types import SimpleNamespace
+
+    from vissl.hooks.ema_hook import EmaHook
+    from vissl.models.momentum import is_momentum_copy
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    task = SimpleNamespace(base_model=model, device=CPU)
+    (copy,) = EmaHook(ema_device="cpu").sharded_model_copies(task)
+    assert is_momentum_copy(copy) and not copy.training
+    assert all(not p.requires_grad for p in copy.parameters())
+    assert torch.equal(copy[0].weight, model[0].weight)
+    gpu_task = SimpleNamespace(base_model=model, device=torch.device("cuda", 0))
+    with pytest.raises(ConfigError, match="EMA_DEVICE: gpu") as info:
+        EmaHook(ema_device="cpu").sharded_model_copies(gpu_task)
+    assert info.value.key_path == "config.HOOKS.EMA_MODEL.EMA_DEVICE"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_hook_entry_missing_from_a_sharded_checkpoint_is_not_loaded(tmp_path) -> None:
+    """A checkpoint written before HOOKS.EMA_MODEL was turned on has no ema_model: only the
+    entries it holds are asked of DCP (the hook then restarts the average, and says so)."""
+    import torch.distributed.checkpoint as dcp
+
+    from vissl.trainer.sharded_checkpoint import _saved_entries
+
+    path = str(tmp_path / "ck.dcp")
+    dcp.save({"hook_entries": {"other": {"x": torch.ones(2)}}}, checkpoint_id=path, no_dist=True)
+    live = {
+        "ema_model": {"model": {"trunk": {"w": torch.zeros(2)}}},
+        "other": {"x": torch.zeros(2)},
+    }
+    assert set(_saved_entries(path, live)) == {"other"}

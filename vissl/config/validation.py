@@ -74,15 +74,15 @@ POLYMORPHIC = {
     "LOW_SHOT_BENCHMARK.LOGISTIC_REGRESSION.LAMBDA": (int, float, list),
 }
 
-#: ``TRAINER.TASK_NAME`` values (VISSL's names): DDP, and FSDP2 (vissl/trainer/fsdp.py).
-TASK_NAMES = ("self_supervision_task", "self_supervision_fsdp_task")
+#: ``TRAINER.TASK_NAME`` values (VISSL's names): DDP, FSDP2 (vissl/trainer/fsdp.py), and
+#: ShardedDDP (DDP with ZeroRedundancyOptimizer here, vissl/optimizers/zero.py).
+TASK_NAMES = ("self_supervision_task", "self_supervision_fsdp_task", "self_supervision_sdp_task")
 
 # Keys of sections VISSL has and vissl does not implement yet (any key below them).
 VISSL_UNSUPPORTED_PREFIXES = (
     "MONITORING",
     "GEO_LOCALIZATION",
     "DISTILLATION",
-    "MODEL.SHARDED_DDP_SETUP",
     "EXTRACT_FEATURES.MAP_FEATURES_TO_IMG_NAME",
     "DATA.TRAIN.STRATIFIED_SAMPLER",
     "DATA.TEST.STRATIFIED_SAMPLER",
@@ -465,8 +465,9 @@ def check_values(cfg: Mapping[str, Any]) -> None:
     if cfg["TRAINER"]["TASK_NAME"] not in TASK_NAMES:
         raise ConfigError(
             f"config.TRAINER.TASK_NAME={cfg['TRAINER']['TASK_NAME']!r} is not a task: use "
-            "'self_supervision_task' (DDP) or 'self_supervision_fsdp_task' (FSDP2: the "
-            "model, gradients and optimizer state sharded over the processes).",
+            "'self_supervision_task' (DDP), 'self_supervision_fsdp_task' (FSDP2: the "
+            "model, gradients and optimizer state sharded over the processes) or "
+            "'self_supervision_sdp_task' (DDP with the optimizer state sharded).",
             "config.TRAINER.TASK_NAME",
         )
     if (

@@ -23,6 +23,16 @@ On when ``SAVE_EMA_MODEL`` or ``ENABLE_EMA_METERS`` is set (as in VISSL).
   ``base_model`` (``{"model": {"trunk", "heads", "other"}, "meta"}``), and a resume
   restores it, so the EMA of a resumed run equals the uninterrupted one. Evaluation tools
   load it with ``MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model``.
+- Under the FSDP task on several processes (``TRAINER.TASK_NAME:
+  self_supervision_fsdp_task``) the EMA is sharded like the model: the task asks for the
+  copy (:meth:`EmaHook.sharded_model_copies`) before sharding and gives it the model's
+  units, so each rank holds 1/N of the average and an update is a local lerp of matching
+  shards, with no gather. It is saved into the sharded (DCP) checkpoint under
+  ``hook_entries.ema_model`` and restored (resharded) from it;
+  ``extra_scripts/convert_sharded_checkpoint.py`` writes it as
+  ``classy_state_dict["ema_model"]``. Its test-phase forward gathers unit by unit like the
+  model's. ``EMA_DEVICE: cpu`` with the model on a GPU is refused there (a sharded copy
+  lives on the mesh's device).
 - ``ENABLE_EMA_METERS``: in TEST phases the EMA also runs on each batch (no gradients, in
   eval mode, under the run's autocast) and a second set of meters, built from
   ``config.METERS``, measures its outputs. During a test phase these meters sit in
@@ -49,6 +59,7 @@ from vissl.models.momentum import (
     ema_tensors,
     ema_update_tensors_,
     momentum_copy,
+    reset_momentum_copy_,
 )
 from vissl.utils.checkpoint import join_model_state, split_model_state
 
@@ -172,9 +183,6 @@ class EmaHook(VisslHook):
         ConfigError: a value out of range, or EMA meters without any meter configured.
     """
 
-    # a full, unsharded copy of the model: the FSDP task refuses it on several processes
-    keeps_full_model_copy = True
-
     # After hooks that change the weights once more after the optimizer step (SwAV's
     # prototype normalisation, Priority.LOW), so the average follows the final weights.
     priority = Priority.LOW + 5
@@ -216,6 +224,8 @@ class EmaHook(VisslHook):
         self.model: nn.Module | None = None
         self.device: torch.device | None = None
         self._tensors: EmaTensors | None = None
+        # MODEL.COMPILE of a copy made before sharding: compiled at on_start, once sharded
+        self._compile_pending = False
         self.ema_meters: list[Any] = []
         self._views: list[_EmaMeterView] = []
 
@@ -233,24 +243,25 @@ class EmaHook(VisslHook):
         )
 
     # ------------------------------------------------------------------ the average
-    def ensure_model(self, task: SelfSupervisionTask) -> nn.Module:
-        """The EMA model, copied from ``task.base_model`` on first use."""
+    def ensure_model(self, task: SelfSupervisionTask, to_be_sharded: bool = False) -> nn.Module:
+        """The EMA model, copied from ``task.base_model`` on first use.
+
+        Args:
+            task: the task whose model the EMA follows.
+            to_be_sharded: the FSDP task shards the copy next: ``MODEL.COMPILE`` waits
+                for :meth:`on_start` and the tensors are paired at the first update
+                (otherwise both happen now, the host buffers of an EMA on the CPU
+                included).
+        """
         if self.model is None:
             device = torch.device("cpu") if self.ema_device == "cpu" else task.device
             model = momentum_copy(task.base_model).to(device)
             model.eval()  # it never trains: dropout off, BatchNorm uses the copied stats
-            compile_module = getattr(task, "compile_module", None)
-            if self.enable_ema_meters and callable(compile_module):
-                compile_module(model)  # MODEL.COMPILE: its test-phase forwards too
             self.model, self.device = model, device
-            self._tensors = ema_tensors(model, task.base_model)
-            stage = self.stage_on_host
-            if stage is None:
-                stage = device.type == "cpu" and task.device.type == "cuda"
-            if stage:
-                self._snapshot = HostSnapshot(
-                    [*self._tensors.source_params, *self._tensors.source_buffers]
-                )
+            self._compile_pending = self.enable_ema_meters
+            if not to_be_sharded:
+                self._compile(task)
+                self._paired(task)
             logger.info(
                 "EMA of the model on %s: decay %s, updated every %d optimizer step(s)",
                 device,
@@ -259,8 +270,52 @@ class EmaHook(VisslHook):
             )
         return self.model
 
+    def _compile(self, task: SelfSupervisionTask) -> None:
+        """``MODEL.COMPILE`` for the EMA's test-phase forwards (with EMA meters)."""
+        compile_module = getattr(task, "compile_module", None)
+        if self._compile_pending and self.model is not None and callable(compile_module):
+            compile_module(self.model)
+        self._compile_pending = False
+
+    def _paired(self, task: SelfSupervisionTask) -> EmaTensors:
+        """The EMA's tensors paired with the model's, gathered on first use (after the
+        FSDP task sharded both: the pairs are then the two models' matching shards)."""
+        if self._tensors is None:
+            model = self.ensure_model(task)
+            self._tensors = ema_tensors(model, task.base_model)
+            assert self.device is not None
+            stage = self.stage_on_host
+            if stage is None:
+                stage = self.device.type == "cpu" and task.device.type == "cuda"
+            if stage:
+                self._snapshot = HostSnapshot(
+                    [*self._tensors.source_params, *self._tensors.source_buffers]
+                )
+        return self._tensors
+
+    def sharded_model_copies(self, task: SelfSupervisionTask) -> list[nn.Module]:
+        """The FSDP task (several processes) calls this before it shards the model: the
+        EMA copy, made now from the unsharded model, for the task to shard with the
+        model's units (after rank 0's weights are broadcast, the copy is reset to them).
+
+        Raises:
+            ConfigError: ``EMA_DEVICE: cpu`` while the model is on a GPU.
+        """
+        if self.ema_device == "cpu" and task.device.type != "cpu":
+            raise ConfigError(
+                f"{KEY}.EMA_DEVICE=cpu is not supported with TRAINER.TASK_NAME: "
+                "self_supervision_fsdp_task on several processes: the EMA is sharded like the "
+                f"model, on its device ({task.device.type}), and already holds only 1/N of "
+                "the weights per process. Set EMA_DEVICE: gpu.",
+                f"{KEY}.EMA_DEVICE",
+            )
+        if self.model is not None:
+            raise RuntimeError("the EMA copy must be made for sharding, before anything else")
+        return [self.ensure_model(task, to_be_sharded=True)]
+
     def on_start(self, task: SelfSupervisionTask) -> None:
         self.ensure_model(task)
+        self._compile(task)
         if self.enable_ema_meters and not self.ema_meters:
             from vissl.meters import build_meters
 
@@ -271,12 +326,11 @@ class EmaHook(VisslHook):
         # task.iteration counts the optimizer steps done before this one.
         if (task.iteration + 1) % self.update_iter != 0:
             return
-        self.ensure_model(task)
-        assert self._tensors is not None
+        tensors = self._paired(task)
         # during WARMUP the EMA follows the model (a copy: momentum 0)
         decay = 0.0 if float(getattr(task, "where", 1.0)) < self.warmup else self.decay
         if self._snapshot is None:
-            ema_update_tensors_(self._tensors, decay)
+            ema_update_tensors_(tensors, decay)
             return
         self.apply_pending()
         self._snapshot.launch()
@@ -340,10 +394,13 @@ class EmaHook(VisslHook):
 
     def checkpoint_entries(self, task: SelfSupervisionTask) -> dict[str, Any]:
         """``{"ema_model": ...}`` for ``classy_state_dict``: VISSL's key, in the layout of
-        ``base_model`` (``WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model`` loads it)."""
+        ``base_model`` (``WEIGHTS_INIT.STATE_DICT_KEY_NAME: ema_model`` loads it).
+
+        The EMA is made first if it does not exist yet: a sharded (DCP) checkpoint is
+        loaded into these entries, which a resume asks for before :meth:`on_start`."""
+        self.ensure_model(task)
         state = self.ema_state_dict()
-        if state is None:
-            return {}
+        assert state is not None
         return {"ema_model": {"model": split_model_state(state), "meta": {}}}
 
     def restore_checkpoint_entries(
@@ -357,6 +414,9 @@ class EmaHook(VisslHook):
                 "the checkpoint holds no EMA model (classy_state_dict.ema_model): the "
                 "HOOKS.EMA_MODEL average restarts from the restored weights."
             )
+            if self.model is not None:  # made before the restore (sharded): follow it
+                self._snapshot_pending = False
+                reset_momentum_copy_(self.model, task.base_model)
 
 
 __all__ = ["EMA_DEVICES", "EmaHook", "ema_enabled"]

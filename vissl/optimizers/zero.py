@@ -11,6 +11,11 @@ Checkpoints hold the consolidated state in torch's layout (:func:`zero_state_dic
 collective), so a run with ZeRO resumes one without it and the other way round.
 Under ``self_supervision_fsdp_task`` FSDP already shards the optimizer state: the key
 has nothing to add there.
+
+VISSL's ``TRAINER.TASK_NAME: self_supervision_sdp_task`` (fairscale's ShardedDDP with the
+OSS optimizer, which VISSL ran with ``use_zero`` only) and ``MODEL.SHARDED_DDP_SETUP.USE_SDP``
+(which selects that task) map to this: DDP with the optimizer state sharded. The other
+``SHARDED_DDP_SETUP`` keys have no meaning here (:func:`sharded_ddp_notes`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,33 @@ from vissl.errors import ConfigError
 from vissl.optimizers.larc import LARC
 
 logger = logging.getLogger(__name__)
+
+#: ``TRAINER.TASK_NAME`` of VISSL's ShardedDDP task: DDP with ZeRO here.
+SDP_TASK_NAME = "self_supervision_sdp_task"
+
+_SDP_KEY = "config.MODEL.SHARDED_DDP_SETUP"
+#: ``MODEL.SHARDED_DDP_SETUP`` keys other than ``USE_SDP``: (neutral value, what it maps to).
+SHARDED_DDP_ONLY_KEYS: dict[str, tuple[Any, str]] = {
+    "reduce_buffer_size": (
+        -1,
+        "no meaning: fairscale batched small gradients before reducing each to its owner; "
+        "DDP all-reduces gradients in DATA.DDP_BUCKET_CAP_MB buckets (set that instead)",
+    ),
+}
+
+
+def is_sdp_task(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` (the ``config`` section) selects VISSL's ShardedDDP task."""
+    return str(config["TRAINER"]["TASK_NAME"]) == SDP_TASK_NAME
+
+
+def sharded_ddp_notes(setup: Mapping[str, Any] | None) -> list[str]:
+    """One line per ``MODEL.SHARDED_DDP_SETUP`` key set away from its neutral value."""
+    notes = []
+    for key, (neutral, meaning) in SHARDED_DDP_ONLY_KEYS.items():
+        if setup and key in setup and setup[key] != neutral:
+            notes.append(f"{_SDP_KEY}.{key}={setup[key]!r}: {meaning}.")
+    return notes
 
 
 def is_zero(optimizer: Any) -> bool:

@@ -17,8 +17,9 @@ Units (the wrap policy):
   RegNet blocks, ViT / XCiT blocks) and each head.
 
 The whole model is the last (root) unit. A loss's momentum copies (DINO's teacher, MoCo's
-key encoder, SwAV's momentum encoder) are sharded with the same units, so their EMA update
-is a local operation on matching shards, with no gather.
+key encoder, SwAV's momentum encoder) and the ``HOOKS.EMA_MODEL`` average are sharded with
+the same units, so their EMA update is a local operation on matching shards, with no
+gather.
 
 Mixed precision (``mixed_precision``, ``compute_dtype``, ``fp32_reduce_scatter``) maps to
 ``MixedPrecisionPolicy``, BatchNorm layers staying in float32 (units of their own); ``RESHARD_AFTER_FORWARD`` and ``CPU_OFFLOAD``
@@ -301,18 +302,34 @@ def shard_task_model(
     copies: Sequence[nn.Module],
     fsdp_config: Mapping[str, Any],
     device: torch.device,
+    followers: Sequence[nn.Module] = (),
 ) -> FSDPSettings:
     """Shard ``model`` and its momentum ``copies`` (collective).
 
     Rank 0's parameters and buffers are broadcast first (what DDP's constructor does):
     every rank seeds differently, and ``fully_shard`` keeps each rank's own slice.
+
+    Args:
+        model: the model.
+        copies: momentum copies whose state is the same on every rank already (a loss's,
+            broadcast with the loss state).
+        fsdp_config: ``MODEL.FSDP_CONFIG``.
+        device: the device the model is on.
+        followers: momentum copies of ``model`` made before the broadcast (the
+            ``HOOKS.EMA_MODEL`` average): reset to the broadcast model, then sharded like
+            ``copies``.
     """
+    from vissl.models.momentum import reset_momentum_copy_
+
     settings = FSDPSettings.from_config(fsdp_config, device)
     for note in fairscale_notes(fsdp_config):
         logger.info(note)
     broadcast_coalesced([t.data for t in (*model.parameters(), *model.buffers())], src=0)
+    for follower in followers:
+        reset_momentum_copy_(follower, model)
     mesh = device_mesh(device)
     units = shard_module(model, settings, mesh)
+    copies = [*copies, *followers]
     for copy in copies:
         shard_module(copy, settings, mesh, reshard_root=True)
     if settings.verbose:

@@ -7,7 +7,8 @@ In VISSL's folder layout, a checkpoint named ``model_phase{N}.torch`` (likewise
 - ``model_phase{N}.dcp/``: a DCP folder (one ``__{rank}_0.distcp`` file per rank and a
   ``.metadata``) with the tensors: ``model`` (the model's state dict, each parameter
   sharded), ``optimizer`` (keyed by parameter name, sharded like the parameters),
-  ``loss`` (teachers, queues, centers) and ``hook_entries`` (e.g. the EMA model);
+  ``loss`` (teachers, queues, centers) and ``hook_entries`` (e.g. ``ema_model``, the
+  ``HOOKS.EMA_MODEL`` average, sharded like the model);
 - ``model_phase{N}.torch``: a small index in the usual layout (``phase_idx``,
   ``iteration``, ``classy_state_dict`` with the RNG and meter states, the GradScaler, the
   hooks' states, ``config`` ...) without those tensors, plus
@@ -178,6 +179,7 @@ def load_sharded_into_task(
     if not os.path.isdir(path):
         raise CheckpointLoadError(f"sharded checkpoint folder {path!r} does not exist")
     target = task_tensor_state(task)
+    target["hook_entries"] = _saved_entries(path, target["hook_entries"])
     with _quiet_single_process():
         dcp.load(target, checkpoint_id=path, **_dist_options())
     set_model_state_dict(task.base_model, target["model"])
@@ -186,6 +188,27 @@ def load_sharded_into_task(
     task.loss.load_state_dict(target["loss"])
     logger.info("loaded the sharded checkpoint %s", path)
     return dict(target["hook_entries"])
+
+
+def _saved_entries(path: str, entries: dict[str, Any]) -> dict[str, Any]:
+    """The hooks' entries the checkpoint in ``path`` holds (a hook turned on since it was
+    written, e.g. ``HOOKS.EMA_MODEL``, finds nothing to load and is told so by the
+    missing entry)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(path).read_metadata().state_dict_metadata
+    present = {k.split(".", 2)[1] for k in saved if k.startswith("hook_entries.")}
+    return {name: entry for name, entry in entries.items() if name in present}
+
+
+def _model_layout(entry: Any) -> Any:
+    """A hook entry in ``base_model``'s layout (``{"model": {"trunk", "heads", "other"},
+    "meta"}``, e.g. the EMA model) with the empty parts DCP does not keep put back."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("model"), dict):
+        return entry
+    model = entry["model"]
+    parts = {part: dict(model.get(part, {})) for part in ("trunk", "heads", "other")}
+    return {**entry, "model": parts, "meta": dict(entry.get("meta", {}))}
 
 
 def read_sharded_tensors(path: str) -> dict[str, Any]:
@@ -243,7 +266,8 @@ def consolidate_sharded_checkpoint(index_path: str) -> dict[str, Any]:
     classy["loss"] = tensors.get("loss", {})
     if "optimizer" in tensors:
         classy["optimizer"] = _optimizer_by_index(tensors["optimizer"])
-    classy.update(tensors.get("hook_entries", {}))
+    # e.g. the EMA model as classy_state_dict["ema_model"], as a DDP run writes it
+    classy.update({k: _model_layout(v) for k, v in tensors.get("hook_entries", {}).items()})
     out = {k: v for k, v in state.items() if k not in ("checkpoint_format", "sharded_dir")}
     out["loss"] = classy["loss"]
     out["classy_state_dict"] = classy

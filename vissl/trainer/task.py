@@ -21,6 +21,7 @@ from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
 from vissl.hooks.base import HookDispatcher
 from vissl.models.momentum import momentum_copies
+from vissl.optimizers.zero import SDP_TASK_NAME, is_sdp_task, sharded_ddp_notes
 from vissl.trainer.checkpointing import (
     checkpoint_state,
     restore_checkpoint_state,
@@ -225,6 +226,14 @@ class SelfSupervisionTask:
         if world_size > 1 and loss_state:
             broadcast_coalesced([t.data for t in loss_state], src=0)
         fsdp = is_fsdp_task(cfg) and world_size > 1
+        if is_sdp_task(cfg):
+            logger.info(
+                "%s (fairscale's ShardedDDP + OSS): DDP with the optimizer state sharded "
+                "(ZeroRedundancyOptimizer, as OPTIMIZER.use_zero)",
+                SDP_TASK_NAME,
+            )
+        for note in sharded_ddp_notes(cfg.MODEL.get("SHARDED_DDP_SETUP")):
+            logger.info(note)
         if fsdp:
             self._shard_model()
         elif is_fsdp_task(cfg):
@@ -244,7 +253,7 @@ class SelfSupervisionTask:
                 param_schedulers=self.param_schedulers,
                 model_config=cfg.MODEL,
             )
-            if bool(cfg.OPTIMIZER.get("use_zero", False)):
+            if bool(cfg.OPTIMIZER.get("use_zero", False)) or is_sdp_task(cfg):
                 self.optimizer = self._zero_optimizer(self.optimizer, world_size, fsdp)
         self.precision = build_precision(cfg.MODEL.AMP_PARAMS, self.device)
         if fsdp:
@@ -276,15 +285,6 @@ class SelfSupervisionTask:
         the optimizer is built on the sharded parameters. ``MODEL.WEIGHTS_INIT`` is applied
         first when the run does not resume (it loads full tensors)."""
         cfg = self.config
-        # hooks that keep a full, unsharded copy of the model (EmaHook) say so
-        if any(getattr(h, "keeps_full_model_copy", False) for h in self.hooks):
-            raise ConfigError(
-                "config.HOOKS.EMA_MODEL is not supported with TRAINER.TASK_NAME: "
-                f"{FSDP_TASK_NAME} on several processes (the EMA average would be a full, "
-                "unsharded copy of the model). Turn the EMA model off, or train with "
-                "self_supervision_task.",
-                "config.HOOKS.EMA_MODEL",
-            )
         if cfg.MODEL.WEIGHTS_INIT.PARAMS_FILE and not self.resume_checkpoint:
             from vissl.trainer.checkpointing import reset_momentum_copies
             from vissl.utils.weights_init import init_model_from_weights_params_file
@@ -292,8 +292,20 @@ class SelfSupervisionTask:
             init_model_from_weights_params_file(self.base_model, cfg.MODEL.WEIGHTS_INIT)
             reset_momentum_copies(self)
             self.weights_initialised = True
+        # copies of the model a hook keeps (EmaHook's average), made now from the full
+        # model and sharded with it
+        followers = [
+            copy
+            for hook in self.hooks
+            if callable(getattr(hook, "sharded_model_copies", None))
+            for copy in hook.sharded_model_copies(self)
+        ]
         shard_task_model(
-            self.base_model, momentum_copies(self.loss), cfg.MODEL.FSDP_CONFIG, self.device
+            self.base_model,
+            momentum_copies(self.loss),
+            cfg.MODEL.FSDP_CONFIG,
+            self.device,
+            followers=followers,
         )
 
     @staticmethod

@@ -195,6 +195,22 @@ def _infer(config: dict[str, Any]) -> None:
         bce["world_size"] = world_size
 
 
+def _infer_sharded_ddp(config: dict[str, Any]) -> None:
+    """VISSL's ``MODEL.SHARDED_DDP_SETUP.USE_SDP``: the ShardedDDP task, with the optimizer
+    state sharded (here DDP with ``ZeroRedundancyOptimizer``, see vissl/optimizers/zero.py)."""
+    setup = (config.get("MODEL") or {}).get("SHARDED_DDP_SETUP") or {}
+    if not setup.get("USE_SDP"):
+        return
+    from vissl.optimizers.zero import SDP_TASK_NAME
+
+    logger.info(
+        "config.MODEL.SHARDED_DDP_SETUP.USE_SDP: TRAINER.TASK_NAME=%s, OPTIMIZER.use_zero=True",
+        SDP_TASK_NAME,
+    )
+    config["TRAINER"]["TASK_NAME"] = SDP_TASK_NAME
+    config["OPTIMIZER"]["use_zero"] = True
+
+
 _LIST_METERS = (
     "accuracy_list_meter",
     "precision_at_k_list_meter",
@@ -258,6 +274,7 @@ def convert_to_attrdict(
     import_plugins(config.get("IMPORTS") or [])
     validate_config(config)
     _infer(config)
+    _infer_sharded_ddp(config)
     _infer_list_meters(config)
     root = AttrDict(container)
     return root, root.config
