@@ -2,11 +2,15 @@
 Label-Efficient Learning*, ECCV 2022), VISSL's name and keys.
 
 Each image gives a target view and ``M`` anchor views (``msn_collator``): ``R`` views of the
-target's size whose patches are masked at random (the ViT encodes the visible patches only,
-``MASKED_IMAGE_MODELING.NAME: mae``) and ``F`` focal views (small crops: MSN's focal
-masking). The model (``msn_head``) maps each anchor to its cosine similarities with the
-L2-normalised prototypes; the target encoder, an EMA copy of the model using the model's
-prototypes, does the same for the unmasked target view. For image ``i`` and anchor view
+target's size and ``F`` focal views (small crops: MSN's focal masking), the patches of
+every anchor view masked at random (the ViT encodes the visible patches only,
+``MASKED_IMAGE_MODELING.NAME: mae``; the focal views' masks reach the trunk as
+``focal_mask``). VISSL's layout works too: ``multicrop_collator`` (crop 0 the target, the
+model encoding every crop; the loss drops its crop-0 rows) with the trunk dropping the
+patches itself (``MASKED_IMAGE_MODELING.NAME: msn``). The model (``msn_head``) maps each
+anchor to its cosine similarities with the L2-normalised prototypes; the target encoder,
+an EMA copy of the model using the model's prototypes, does the same for the unmasked
+target view. For image ``i`` and anchor view
 ``m``, with ``K`` prototypes and label smoothing ``s``::
 
     p_i,m   = (1 - s) softmax(cos(z_i,m, prototypes) / tau) + s / K        # anchor
