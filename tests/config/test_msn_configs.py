@@ -32,7 +32,9 @@ def test_recipes_compose_with_their_settings(
     assert list(crops.size_crops) == [224, 96] and list(crops.num_crops) == [2, 10]
     masking = cfg.DATA.TRAIN.TRANSFORMS[-1]
     assert masking.name == "RandomPatchMasking" and masking.mask_ratio == mask_ratio
-    assert list(masking.indices) == [1]  # the anchor view only
+    assert list(masking.indices) == list(range(1, 12))  # every anchor view, focal ones too
+    assert "focal_mask" in cfg.DATA.TRAIN.INPUT_KEY_NAMES
+    assert cfg.MODEL.MULTI_INPUT_HEAD_MAPPING[1][1]["additional_keys"] == {"mask": "focal_mask"}
     head, params = cfg.MODEL.HEAD.PARAMS[0]
     assert head == "msn_head" and params.in_dim == width and params.num_prototypes == 1024
     assert (params.hidden_dim, params.output_dim, params.use_bn) == (2048, 256, True)
@@ -67,12 +69,16 @@ def _inputs(batch: int, size: int, focal: int, focal_size: int, patch: int, rati
     }
     if focal:
         out["focal_views"] = torch.randn(focal * batch, 3, focal_size, focal_size)
+        focal_grid = (focal_size // patch, focal_size // patch)
+        out["focal_mask"] = torch.stack(
+            [random_mask(focal_grid, ratio) for _ in range(focal * batch)]
+        )
     return out
 
 
 @pytest.mark.slow
 def test_vit_s16_recipe_forward_and_backward_at_224_px_on_cpu() -> None:
-    """2 images: the model on the masked anchors and 2 focal views each (of the recipe's
+    """2 images: the model on the masked anchors and 2 masked focal views each (of the recipe's
     10), the target encoder on the whole target views, the loss, the backward pass."""
     _, cfg = hydra_compose_and_validate(
         ["config=pretrain/msn/msn_8gpu_vits16", "config.MACHINE.DEVICE=cpu"]
@@ -106,7 +112,7 @@ def test_bf16_autocast_forward_and_backward_without_nan() -> None:
     loss_fn.bind_model(model)
     base = _inputs(8, 16, 2, 8, 4, 0.5)
     for scale in (1.0, 1000.0):
-        inputs = {k: v * scale if k != "mask" else v for k, v in base.items()}
+        inputs = {k: v if k.endswith("mask") else v * scale for k, v in base.items()}
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with torch.no_grad():

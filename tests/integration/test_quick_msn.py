@@ -3,11 +3,17 @@ the target encoder (an EMA copy lagging the model, whose prototypes are the mode
 crash (and, with ``-m slow``, a real SIGKILL through the CLI) plus auto-resume ends bitwise
 equal to an uninterrupted run (model, target encoder, optimizer; the resumed steps draw the
 same crops and anchor masks from (seed, epoch, index), so they log the same losses); on 2
-processes the ranks train one model and the checkpoint holds its target encoder."""
+processes the ranks train one model and the checkpoint holds its target encoder. With
+``VISSL_CONFIGS_DIR`` (VISSL's ``configs/config``), VISSL's own quick_msn runs unchanged but
+for its data source, device and length (its trunk drops the patches itself:
+``MASKED_IMAGE_MODELING.NAME: msn``), and VISSL's msn_deits16 builds."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -83,3 +89,79 @@ def test_two_processes_train_one_model_with_its_target_encoder(tmp_path: Path) -
     assert not torch.equal(state["loss.teacher.trunk.pos_embed"], state["trunk.pos_embed"])
     records = read_jsonl(str(tmp_path / "stdout.json"))
     assert records and all(math.isfinite(r["loss"]) for r in records)
+
+
+VISSL_ENVIRONMENT = [  # what a CPU run without ImageNet needs; 16 images per process
+    "config.MACHINE.DEVICE=cpu",
+    "config.DISTRIBUTED.BACKEND=gloo",
+    "config.DATA.TRAIN.DATA_SOURCES=[synthetic]",
+    "config.DATA.TRAIN.DATASET_NAMES=[]",
+    "config.DATA.TRAIN.DATA_LIMIT=32",
+    "config.DATA.NUM_DATALOADER_WORKERS=0",
+    "config.OPTIMIZER.num_epochs=1",
+]
+
+
+def _vissl_original(tmp_path: Path, relative: str) -> str:
+    src = Path(os.environ["VISSL_CONFIGS_DIR"]) / relative
+    assert src.is_file(), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
+    dst = tmp_path / "configs" / "config" / "vissl_original"
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst / src.name)
+    return f"vissl_original/{src.stem}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("VISSL_CONFIGS_DIR"),
+    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
+)
+def test_vissl_original_quick_msn_runs_unchanged(tmp_path: Path, monkeypatch) -> None:
+    """VISSL's layout: multicrop_collator (crop 0 the target), the ViT-S/16 trunk drops 70%
+    of the 224 px crops' patches itself in training; 2 processes as the file says. About a
+    minute on 2 cores."""
+    name = _vissl_original(tmp_path, "test/integration_test/quick_msn.yaml")
+    monkeypatch.chdir(tmp_path)  # Hydra also reads ./configs/config; CHECKPOINT.DIR is "."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # VISSL keys vissl accepts but does not implement
+        run_config(name, *VISSL_ENVIRONMENT)
+    records = read_jsonl(str(tmp_path / "stdout.json"))
+    assert [r["iteration"] for r in records] == [1]  # 32 images, 16 per process
+    assert math.isfinite(records[0]["loss"])
+    assert 0 <= records[0]["loss.me_max"] <= math.log(1024)
+    state = final_state(tmp_path)
+    assert state["heads.0.prototypes"].shape == (1024, 256)
+    assert state["loss.teacher.heads.0.prototypes"].shape == (1024, 256)
+    assert not torch.equal(state["loss.teacher.trunk.pos_embed"], state["trunk.pos_embed"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("VISSL_CONFIGS_DIR"),
+    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
+)
+def test_vissl_original_msn_deits16_builds(tmp_path: Path, monkeypatch) -> None:
+    """VISSL's ImageNet recipe: its model, loss and target encoder build; the target
+    encoder runs on the target crop and the loss on the other 9 crops' rows."""
+    from vissl.losses.build import build_loss
+    from vissl.models import build_model
+    from vissl.utils.hydra_config import hydra_compose_and_validate
+
+    name = _vissl_original(tmp_path, "pretrain/msn/msn_deits16.yaml")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, cfg = hydra_compose_and_validate([f"config={name}", "config.MACHINE.DEVICE=cpu"])
+    vit = cfg.MODEL.TRUNK.VISION_TRANSFORMERS
+    assert vit.MASKED_IMAGE_MODELING.NAME == "msn" and vit.DROP_PATH_RATE == 0.1
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL, cfg.OPTIMIZER)
+    loss = build_loss(cfg.LOSS, cfg)
+    loss.bind_model(model)
+    assert model.trunk.settings.drop_ratio == 0.7 and loss.output_dim == 1024
+    crops = [torch.randn(2, 3, 224, 224)] * 2 + [torch.randn(2, 3, 96, 96)] * 8
+    with torch.no_grad():
+        loss.teacher_output = loss.run_teacher(crops)
+        out = model(crops)
+        assert out[0].shape == (20, 1024)
+        assert math.isfinite(float(loss(out)["loss"]))

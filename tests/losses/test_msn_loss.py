@@ -296,6 +296,38 @@ def test_target_encoder_uses_the_models_prototypes_and_the_whole_target_view() -
         torch.testing.assert_close(out, teacher_head(feats))
 
 
+def test_the_model_drops_the_masked_patches_of_the_focal_views_too() -> None:
+    """MSN masks every anchor view, the focal views included: the quick config hands the
+    focal views' masks (``focal_mask``) to the trunk as its ``mask``."""
+    cfg = quick_config()
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL, cfg.OPTIMIZER).eval()
+    anchors, focal = torch.randn(2, 3, 16, 16), torch.randn(4, 3, 8, 8)
+    mask = torch.zeros(2, 4, 4, dtype=torch.bool)
+    mask[:, :2] = True
+    focal_mask = torch.tensor([[True, False], [False, True]]).expand(4, 2, 2)
+    batch = {"anchor_views": anchors, "focal_views": focal, "mask": mask, "focal_mask": focal_mask}
+    with torch.no_grad():
+        out = model(batch)
+        head, trunk = model.heads[0], model.trunk
+        masked = head(trunk(focal, ["lastCLS"], mask=focal_mask)[0])
+        whole = head(trunk(focal, ["lastCLS"])[0])
+        torch.testing.assert_close(out[1], masked)
+        assert not torch.allclose(out[1], whole, atol=1e-4)
+        torch.testing.assert_close(out[0], head(trunk(anchors, ["lastCLS"], mask=mask)[0]))
+
+
+def test_vissl_head_keys_are_the_losss() -> None:
+    cfg = quick_config()
+    cfg.MODEL.HEAD.PARAMS[0][1]["temperature"] = 0.1  # VISSL's head key, the loss's value
+    cfg.MODEL.HEAD.PARAMS[0][1]["label_smoothing"] = 0.0
+    assert build_loss(cfg.LOSS, cfg).temperature == 0.1
+    build_model(cfg.MODEL, cfg.OPTIMIZER)  # the head accepts them
+    cfg.MODEL.HEAD.PARAMS[0][1]["temperature"] = 0.2
+    with pytest.raises(ConfigError, match=r"msn_head's temperature .* is 0.2 but"):
+        build_loss(cfg.LOSS, cfg)
+
+
 def test_config_inference_names_the_wrong_key() -> None:
     cases = [
         ("DATA.TRAIN.COLLATE_FUNCTION", "multicrop_collator", "COLLATE_FUNCTION: msn_collator"),
@@ -320,6 +352,11 @@ def test_config_inference_names_the_wrong_key() -> None:
         node[leaf] = value
         with pytest.raises(ConfigError, match=message):
             build_loss(cfg.LOSS, cfg)
+    cfg = quick_config()  # VISSL's layout: the crops as one input, no mapping
+    cfg.DATA.TRAIN.COLLATE_FUNCTION = "multicrop_collator"
+    cfg.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.NAME = "msn"
+    with pytest.raises(ConfigError, match="leave config.DATA.TRAIN.INPUT_KEY_NAMES at"):
+        build_loss(cfg.LOSS, cfg)
     cfg = quick_config()
     cfg.DATA.TRAIN.TRANSFORMS[-1].patch_size = 8
     with pytest.raises(ConfigError, match=r"TRANSFORMS\[5\].patch_size is 8"):

@@ -1,8 +1,9 @@
 """vision_transformer options of the masked-image methods: the unchanged default layout,
 USE_CLASS_TOKEN, register tokens, layer scale (INIT_VALUES), PATCH features and the
 patch masks (MASKED_IMAGE_MODELING: mae drops the masked patches, ibot replaces them by a
-learned token), checked against sequences built by hand; and MULTI_INPUT_HEAD_MAPPING's
-dict form that hands the mask to the trunk."""
+learned token, msn drops patches itself in training as VISSL's), checked against sequences
+built by hand; and MULTI_INPUT_HEAD_MAPPING's dict form that hands the mask to the trunk
+(also under another name)."""
 
 from __future__ import annotations
 
@@ -153,6 +154,48 @@ def test_mae_mask_encodes_the_visible_patches_only() -> None:
     assert "masked_embed" not in "".join(n for n, _ in model.named_parameters())
 
 
+def test_msn_drops_one_random_set_of_patches_in_training_only() -> None:
+    """VISSL's ``msn``: in training, floor(L (1 - drop_ratio)) patches kept, one set drawn
+    from the global generator for the whole batch (so a restored generator state draws
+    it again); inputs under global_view_tokens patches and eval mode keep every patch; a
+    given mask is dropped as with mae."""
+    params = {"drop_ratio": 0.7, "global_view_tokens": 64}
+    model = vit(MASKED_IMAGE_MODELING={"NAME": "msn", "PARAMS": params}).train()
+    assert (model.settings.drop_ratio, model.settings.global_view_tokens) == (0.7, 64)
+    x = images()
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    blk = model(x, ["lastBLK"])[0]
+    assert blk.shape == (2, 1 + 19, DIM)  # int(64 * 0.3) = 19 patches kept
+    # by hand: the same draw from the restored generator, the kept patches in patch order
+    torch.set_rng_state(state)
+    kept = torch.randperm(GRID * GRID)[:19].sort().values
+    drop = torch.ones(2, GRID * GRID, dtype=torch.bool)
+    drop[:, kept] = False
+    mae = vit(MASKED_IMAGE_MODELING={"NAME": "mae"}).train()
+    torch.testing.assert_close(blk, mae(x, ["lastBLK"], mask=drop)[0])
+    torch.set_rng_state(state)
+    torch.testing.assert_close(model(x, ["lastBLK"])[0], blk)  # resumable
+    # a given mask: dropped as with mae, nothing drawn
+    mask = masks()
+    torch.testing.assert_close(
+        model(x, ["lastBLK"], mask=mask)[0], mae(x, ["lastBLK"], mask=mask)[0]
+    )
+    # a focal-size input (16 px: 16 patches < 64) and eval mode: every patch
+    assert model(x[:, :, :16, :16], ["lastBLK"])[0].shape == (2, 1 + 16, DIM)
+    assert model.eval()(x, ["lastBLK"])[0].shape == (2, 1 + GRID * GRID, DIM)
+    with pytest.raises(ConfigError, match="lastMAP"):
+        model.train()(x, ["lastMAP"])
+    # global_view_tokens 0 (MSN's paper: the focal views too)
+    every = vit(
+        MASKED_IMAGE_MODELING={
+            "NAME": "msn",
+            "PARAMS": {"drop_ratio": 0.5, "global_view_tokens": 0},
+        }
+    )
+    assert every.train()(x[:, :, :16, :16], ["lastBLK"])[0].shape == (2, 1 + 8, DIM)
+
+
 def test_ibot_mask_replaces_the_masked_patches_by_a_learned_token() -> None:
     model = vit(MASKED_IMAGE_MODELING={"NAME": "ibot"}).train()
     assert model.patch_masking is not None
@@ -196,7 +239,9 @@ def test_mask_mistakes() -> None:
     with pytest.raises(ValueError, match="patch grid"):
         model(x, mask=torch.zeros(2, 4, 4, dtype=torch.bool))
     for bad, match in [
-        ({"NAME": "msn"}, "not implemented"),
+        ({"NAME": "msn", "PARAMS": {"drop_ratio": 1.0}}, "drop_ratio must be a number in"),
+        ({"NAME": "msn", "PARAMS": {"global_view_tokens": -1}}, "global_view_tokens"),
+        ({"NAME": "msn", "PARAMS": {"ratio": 0.5}}, r"no key\(s\) \['ratio'\]"),
         ({"NAME": "beit"}, "not supported"),
         ({"NAME": "mae", "PARAMS": {"drop_ratio": 0.5}}, "PARAMS"),
     ]:
@@ -226,6 +271,14 @@ def test_the_mapping_dict_form_passes_the_mask_to_the_trunk_and_the_head() -> No
     with torch.no_grad():
         expected = model.heads[0](model.trunk(x, ["lastBLK"], mask=mask)[0], mask=mask)
     torch.testing.assert_close(out, expected)
+    # {argument: batch key}: another batch entry under the name mask (MSN's focal_mask)
+    cfg.MULTI_INPUT_HEAD_MAPPING = [
+        ["data", {"feat_names": ["lastBLK"], "additional_keys": {"mask": "other"}}]
+    ]
+    torch.manual_seed(0)
+    renamed = build_model(cfg, {}).eval()
+    (out,) = renamed({"data": x, "other": mask, "mask": ~mask})
+    torch.testing.assert_close(out, expected)
 
 
 @pytest.mark.parametrize(
@@ -235,6 +288,7 @@ def test_the_mapping_dict_form_passes_the_mask_to_the_trunk_and_the_head() -> No
         (["data", {"feat_names": ["lastBLK"], "extra": 1}], "dict form"),
         (["data", {"feat_names": ["lastBLK"], "head_index": -1}], "head_index"),
         (["data", {"feat_names": ["lastBLK"], "additional_keys": ["data"]}], "additional_keys"),
+        (["data", {"feat_names": ["lastBLK"], "additional_keys": {"mask": 1}}], "additional_keys"),
     ],
 )
 def test_mapping_dict_form_mistakes(entry: list[Any], match: str) -> None:

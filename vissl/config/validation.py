@@ -41,6 +41,8 @@ OPEN_SUBTREES = {
     "OPTIMIZER.param_schedulers",
     "MODEL.TRUNK.REGNET",
     "MODEL.TRUNK.TIMM.KWARGS",
+    # msn's drop_ratio / global_view_tokens (checked by the vision_transformer trunk)
+    "MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.PARAMS",
     "MODEL.AMP_PARAMS.AMP_ARGS",
     "SLURM.ADDITIONAL_PARAMETERS",
     "DATA.TRAIN.COLLATE_FUNCTION_PARAMS",

@@ -2,11 +2,15 @@
 Label-Efficient Learning*, ECCV 2022), VISSL's name and keys.
 
 Each image gives a target view and ``M`` anchor views (``msn_collator``): ``R`` views of the
-target's size whose patches are masked at random (the ViT encodes the visible patches only,
-``MASKED_IMAGE_MODELING.NAME: mae``) and ``F`` focal views (small crops: MSN's focal
-masking). The model (``msn_head``) maps each anchor to its cosine similarities with the
-L2-normalised prototypes; the target encoder, an EMA copy of the model using the model's
-prototypes, does the same for the unmasked target view. For image ``i`` and anchor view
+target's size and ``F`` focal views (small crops: MSN's focal masking), the patches of
+every anchor view masked at random (the ViT encodes the visible patches only,
+``MASKED_IMAGE_MODELING.NAME: mae``; the focal views' masks reach the trunk as
+``focal_mask``). VISSL's layout works too: ``multicrop_collator`` (crop 0 the target, the
+model encoding every crop; the loss drops its crop-0 rows) with the trunk dropping the
+patches itself (``MASKED_IMAGE_MODELING.NAME: msn``). The model (``msn_head``) maps each
+anchor to its cosine similarities with the L2-normalised prototypes; the target encoder,
+an EMA copy of the model using the model's prototypes, does the same for the unmasked
+target view. For image ``i`` and anchor view
 ``m``, with ``K`` prototypes and label smoothing ``s``::
 
     p_i,m   = (1 - s) softmax(cos(z_i,m, prototypes) / tau) + s / K        # anchor
@@ -58,10 +62,14 @@ __all__ = ["MSNLoss", "msn_anchor_log_probs", "msn_targets"]
 _KEY = "config.LOSS.msn_loss"
 _check = KeyChecks(_KEY)
 COLLATOR = "msn_collator"
+VISSL_COLLATOR = "multicrop_collator"
 TARGET_VIEWS = "target_views"
 ANCHOR_VIEWS = "anchor_views"
 FOCAL_VIEWS = "focal_views"
 MASK = "mask"
+FOCAL_MASK = "focal_mask"
+#: the defaults of the loss keys VISSL's msn_head also has
+_DEFAULTS = {"temperature": 0.1, "label_smoothing": 0.0}
 
 
 def _smoothed_log_probs(logits: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -151,31 +159,74 @@ class MSNLoss(MaskedDistillationLoss):
         self.output_dim = _check.count(output_dim, "output_dim", 1)
         #: (model head, target head) pairs whose prototypes are shared (set by bind_model)
         self._prototype_pairs: list[tuple[MSNHead, MSNHead]] = []
+        #: rows of the model's output that are the target view (VISSL's layout: crop 0)
+        self._target_rows = 0
 
     # ------------------------------------------------------------------ config
     @classmethod
     def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
         """``output_dim`` from the msn_head; checks the collator, the inputs, the mapping,
-        the trunk's masking and the masks' patch size.
+        the trunk's masking, the masks' patch size and VISSL's head keys.
+
+        Two layouts: ours (``msn_collator``, the views by name, the masks from the data)
+        and VISSL's (``multicrop_collator``, crop 0 the target, the trunk drops patches
+        itself: ``MASKED_IMAGE_MODELING.NAME: msn``).
 
         Raises:
             ConfigError: naming the key that does not fit MSN.
         """
         data = config["DATA"]["TRAIN"]
         model = config["MODEL"]
-        if data.get("COLLATE_FUNCTION") != COLLATOR:
+        trunk = model.get("TRUNK", {})
+        vit = trunk.get("VISION_TRANSFORMERS", {}) or {}
+        mim = (vit.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "")
+        collator = data.get("COLLATE_FUNCTION")
+        if collator == VISSL_COLLATOR and mim == "msn":
+            cls._check_vissl_layout(data, model)
+        else:
+            cls._check_layout(data, model, collator, trunk, mim)
+        head = find_head_params(model.get("HEAD", {}).get("PARAMS", []), "msn_head")
+        if head is None:
+            raise ConfigError(
+                f"{_KEY}: config.MODEL.HEAD.PARAMS must hold an msn_head (its prototype "
+                "scores are what the loss compares).",
+                "config.MODEL.HEAD.PARAMS",
+            )
+        for key in ("temperature", "label_smoothing"):
+            value = head.get(key)
+            if value is not None and value != params.get(key, _DEFAULTS[key]):
+                raise ConfigError(
+                    f"config.MODEL.HEAD.PARAMS: the msn_head's {key} (VISSL's head key) is "
+                    f"{value} but {_KEY}.{key} is {params.get(key, _DEFAULTS[key])}: the loss "
+                    f"applies it here; set {_KEY}.{key}: {value} (or drop the head's key).",
+                    f"{_KEY}.{key}",
+                )
+        params["output_dim"] = head.get("num_prototypes", 1024)
+
+    @staticmethod
+    def _check_layout(
+        data: Mapping[str, Any],
+        model: Mapping[str, Any],
+        collator: Any,
+        trunk: Mapping[str, Any],
+        mim: str,
+    ) -> None:
+        """Ours: msn_collator, the named views, the masks from RandomPatchMasking."""
+        if collator != COLLATOR:
             raise ConfigError(
                 f"{_KEY}: needs config.DATA.TRAIN.COLLATE_FUNCTION: {COLLATOR} (the target "
-                f"view, the masked anchor views, the focal views); got "
-                f"{data.get('COLLATE_FUNCTION')!r}.",
+                f"view, the masked anchor views, the focal views), or VISSL's layout "
+                f"({VISSL_COLLATOR} with the trunk's MASKED_IMAGE_MODELING.NAME: msn); got "
+                f"{collator!r}.",
                 "config.DATA.TRAIN.COLLATE_FUNCTION",
             )
         inputs = list(data.get("INPUT_KEY_NAMES") or [])
         if not {TARGET_VIEWS, ANCHOR_VIEWS, MASK} <= set(inputs):
             raise ConfigError(
                 f"{_KEY}: config.DATA.TRAIN.INPUT_KEY_NAMES must list {TARGET_VIEWS}, "
-                f"{ANCHOR_VIEWS}, {MASK} (and {FOCAL_VIEWS} with focal crops), e.g. "
-                f"[target_views, anchor_views, focal_views, mask]; got {inputs}.",
+                f"{ANCHOR_VIEWS}, {MASK} (and {FOCAL_VIEWS}, {FOCAL_MASK} with focal crops), "
+                f"e.g. [target_views, anchor_views, focal_views, mask, focal_mask]; got "
+                f"{inputs}.",
                 "config.DATA.TRAIN.INPUT_KEY_NAMES",
             )
         mapping = list(model.get("MULTI_INPUT_HEAD_MAPPING") or [])
@@ -194,15 +245,13 @@ class MSNLoss(MaskedDistillationLoss):
             raise ConfigError(
                 f"{_KEY}: config.MODEL.MULTI_INPUT_HEAD_MAPPING must be "
                 '[["anchor_views", {"feat_names": ["lastCLS"], "additional_keys": ["mask"]}], '
-                '["focal_views", {"feat_names": ["lastCLS"]}]] (the second entry with focal '
-                "crops only): the model encodes the masked anchors; the target view goes to "
-                f"the target encoder only. Got {mapping}.",
+                '["focal_views", {"feat_names": ["lastCLS"], "additional_keys": {"mask": '
+                '"focal_mask"}}]] (the second entry with focal crops only): the model encodes '
+                "the masked anchors and focal views; the target view goes to the target "
+                f"encoder only. Got {mapping}.",
                 "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
             )
-        trunk = model.get("TRUNK", {})
-        vit = trunk.get("VISION_TRANSFORMERS", {}) or {}
-        mim = (vit.get("MASKED_IMAGE_MODELING") or {}).get("NAME", "")
-        if trunk.get("NAME") != "vision_transformer" or mim != "mae":
+        if trunk.get("NAME") != "vision_transformer" or mim not in ("mae", "msn"):
             raise ConfigError(
                 f"{_KEY}: the trunk must be vision_transformer with "
                 "MASKED_IMAGE_MODELING.NAME: mae (the anchors' masked patches are dropped: the "
@@ -210,7 +259,7 @@ class MSNLoss(MaskedDistillationLoss):
                 f"{mim!r}.",
                 "config.MODEL.TRUNK.VISION_TRANSFORMERS.MASKED_IMAGE_MODELING.NAME",
             )
-        patch = vit.get("PATCH_SIZE", 16)
+        patch = (trunk.get("VISION_TRANSFORMERS", {}) or {}).get("PATCH_SIZE", 16)
         for i, t in enumerate(data.get("TRANSFORMS") or []):
             name = t.get("name") if isinstance(t, Mapping) else None
             if name == "RandomPatchMasking" and t.get("patch_size", 16) != patch:
@@ -220,14 +269,20 @@ class MSNLoss(MaskedDistillationLoss):
                     "masks must be over the trunk's patch grid; set them equal.",
                     f"config.DATA.TRAIN.TRANSFORMS[{i}].patch_size",
                 )
-        head = find_head_params(model.get("HEAD", {}).get("PARAMS", []), "msn_head")
-        if head is None:
+
+    @staticmethod
+    def _check_vissl_layout(data: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+        """VISSL's: multicrop_collator, crop 0 the target, the trunk drops the patches."""
+        inputs = list(data.get("INPUT_KEY_NAMES") or ["data"])
+        if len(inputs) != 1 or model.get("MULTI_INPUT_HEAD_MAPPING"):
             raise ConfigError(
-                f"{_KEY}: config.MODEL.HEAD.PARAMS must hold an msn_head (its prototype "
-                "scores are what the loss compares).",
-                "config.MODEL.HEAD.PARAMS",
+                f"{_KEY}: with {VISSL_COLLATOR} (VISSL's MSN layout: crop 0 is the target "
+                "view, the other crops the anchors) the model takes the crops as one input: "
+                "leave config.DATA.TRAIN.INPUT_KEY_NAMES at [data] and "
+                f"config.MODEL.MULTI_INPUT_HEAD_MAPPING empty (got {inputs} and "
+                f"{model.get('MULTI_INPUT_HEAD_MAPPING')}), or use {COLLATOR}.",
+                "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
             )
-        params["output_dim"] = head.get("num_prototypes", 1024)
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> MSNLoss:
@@ -264,17 +319,25 @@ class MSNLoss(MaskedDistillationLoss):
         for student, target in self._prototype_pairs:
             target.prototypes.copy_(student.prototypes)
 
-    def run_teacher(self, inputs: Mapping[str, Any]) -> list[torch.Tensor]:
-        """The target encoder's prototype cosines on the whole target views."""
+    def run_teacher(self, inputs: Any) -> list[torch.Tensor]:
+        """The target encoder's prototype cosines on the whole target views: ``inputs``
+        is msn_collator's batch, or (VISSL's layout) the list of crops, crop 0 the target."""
         assert self.teacher is not None
+        self.sync_prototypes()
+        if isinstance(inputs, list | tuple) and inputs and isinstance(inputs[0], torch.Tensor):
+            # VISSL's layout: the model also encodes crop 0; forward drops its rows
+            self._target_rows = inputs[0].shape[0]
+            out = self.teacher(inputs[0])
+            return [out[0] if isinstance(out, list | tuple) else out]
+        self._target_rows = 0
         if not isinstance(inputs, Mapping) or TARGET_VIEWS not in inputs:
             raise ValueError(
                 f"msn_loss's target encoder expects the inputs of {COLLATOR} "
-                f"({{{TARGET_VIEWS!r}, {ANCHOR_VIEWS!r}, ...}}); got {type(inputs).__name__}"
+                f"({{{TARGET_VIEWS!r}, {ANCHOR_VIEWS!r}, ...}}) or of {VISSL_COLLATOR} (a "
+                f"list of crops); got {type(inputs).__name__}"
                 + (f" with keys {sorted(inputs)}" if isinstance(inputs, Mapping) else "")
                 + "."
             )
-        self.sync_prototypes()
         head_for_input = getattr(self.teacher, "head_for_input", None)
         if not callable(head_for_input):
             raise ValueError(
@@ -303,7 +366,8 @@ class MSNLoss(MaskedDistillationLoss):
                 "msn_loss expects the model's outputs to be (N, num_prototypes) prototype "
                 "cosines (msn_head), one per mapped input."
             )
-        anchors = torch.cat([o.float() for o in outputs])
+        # VISSL's layout: the model's first rows are its output on the target crop
+        anchors = torch.cat([o.float() for o in outputs])[self._target_rows :]
         (teacher,) = self.take_teacher_output("msn_loss")[:1]
         batch = teacher.shape[0]
         if batch == 0 or anchors.shape[0] % batch or anchors.shape[1] != teacher.shape[1]:

@@ -67,7 +67,14 @@ class InputHeadMapping(NamedTuple):
     key: str
     feature_names: list[str]
     head_index: int | None = None
+    #: the keyword arguments passed along (the batch key of the same name, unless renamed)
     additional_keys: tuple[str, ...] = ()
+    #: (argument, batch key) pairs where the batch key differs from the argument's name
+    renamed: tuple[tuple[str, str], ...] = ()
+
+    def batch_key(self, argument: str) -> str:
+        """The batch key whose value is passed as keyword argument ``argument``."""
+        return dict(self.renamed).get(argument, argument)
 
 
 def _str_list(value: Any) -> bool:
@@ -97,13 +104,25 @@ def _parse_mapping_dict(i: int, key: str, spec: Mapping[str, Any]) -> InputHeadM
             where,
         )
     extra = spec.get("additional_keys", None) or []
-    if not _str_list(extra) or key in extra:
+    # (new in vissl) {argument: batch key}: a batch entry passed under another name, e.g.
+    # MSN's focal views' masks {mask: focal_mask}
+    renamed = dict(extra) if isinstance(extra, Mapping) else {}
+    sources = list(renamed.values()) if renamed else extra
+    if not _str_list(sources) or not _str_list(list(renamed)) or key in sources:
         raise ConfigError(
             f"{where}.additional_keys must be a list of other batch keys (e.g. [mask]) "
-            f"passed to the trunk as keyword arguments; got {extra!r}.",
+            "passed to the trunk as keyword arguments of the same name, or a mapping "
+            "{argument: batch key} (e.g. {mask: focal_mask}); got "
+            f"{extra!r}.",
             where,
         )
-    return InputHeadMapping(key, list(spec["feat_names"]), head, tuple(extra))
+    return InputHeadMapping(
+        key,
+        list(spec["feat_names"]),
+        head,
+        tuple(renamed) if renamed else tuple(extra),
+        tuple((a, b) for a, b in renamed.items() if a != b),
+    )
 
 
 def parse_multi_input_head_mapping(mapping: Any) -> list[InputHeadMapping]:
@@ -116,7 +135,9 @@ def parse_multi_input_head_mapping(mapping: Any) -> list[InputHeadMapping]:
     entries beyond the number of heads, as in VISSL), ``additional_keys`` names batch
     entries (listed in INPUT_KEY_NAMES, e.g. a patch ``mask``) given as keyword arguments
     to the trunk and to the head, each where its ``forward`` has a parameter of that name
-    (every key must be taken by one of them).
+    (every key must be taken by one of them); a mapping ``{argument: batch_key}`` instead
+    of the list passes a batch entry under another name (MSN's focal views:
+    ``{mask: focal_mask}``).
 
     Raises:
         ConfigError: a malformed entry or a repeated key.
@@ -668,7 +689,8 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                 "config.DATA.TRAIN.INPUT_KEY_NAMES",
             )
         outputs: list[torch.Tensor] = []
-        for i, (key, feature_names, _, additional_keys) in enumerate(self.input_head_mapping):
+        for i, entry in enumerate(self.input_head_mapping):
+            key, feature_names = entry.key, entry.feature_names
             if key not in batch:
                 raise ConfigError(
                     f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}] maps input {key!r}, which "
@@ -676,7 +698,11 @@ class BaseSSLMultiInputOutputModel(nn.Module):
                     "among config.DATA.<split>.INPUT_KEY_NAMES.",
                     f"config.MODEL.MULTI_INPUT_HEAD_MAPPING[{i}]",
                 )
-            extra = {k: batch[k] for k in additional_keys if k in batch}
+            extra = {
+                k: batch[entry.batch_key(k)]
+                for k in entry.additional_keys
+                if entry.batch_key(k) in batch
+            }
             trunk_extra = {k: extra[k] for k in self._trunk_extra_keys[i] if k in extra}
             feats = self._run_trunk(batch[key], feature_names, trunk_extra)
             if self._extract_trunk_features_only():

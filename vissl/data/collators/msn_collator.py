@@ -4,16 +4,24 @@ Each sample holds ``K`` crops (``ImgPilToMultiCrop``): the crops of the largest 
 first, and the first of them is the TARGET view (seen whole by the target encoder); the
 other crops of that size are the random-masked ANCHOR views (MSN: 1), and the smaller crops
 the FOCAL views (MSN's focal masking: a small crop of the image, 96 px for 224, MSN: 10).
-A patch-masking transform (``RandomPatchMasking``, last in the chain) gives the anchors'
-masks; it may mask every crop, the crops of the largest size, or (with ``indices``) the
-anchor crops only: the collator keeps the anchors' masks. Output, for ``B`` samples, every
-tensor crop-major (crop 1 of every sample, then crop 2, ...)::
+A patch-masking transform (``RandomPatchMasking``, last in the chain) gives the masks.
+MSN drops patches of every anchor view, the focal views included (the target view alone is
+seen whole): mask every crop but the target (``indices: [1, ..., K - 1]``, MSN's setting),
+or every crop; the collator keeps the anchors' and the focal views' masks. Masks of the
+crops of the largest size only, or (``indices``) of the anchor crops only, leave the focal
+views unmasked (an ablation). Which crops the masks belong to is read from their order and
+their grids (a mask's grid is its crop's size over the patch size). Output, for ``B``
+samples, every tensor crop-major (crop 1 of every sample, then crop 2, ...)::
 
     {"target_views": [Tensor(B, C, H, W)],
      "anchor_views": [Tensor(R * B, C, H, W)],
      "focal_views": [Tensor(F * B, C, h, w)],       # absent without focal crops
      "mask": [Tensor(R * B, H / p, W / p) bool],    # the anchor views' masks
+     "focal_mask": [Tensor(F * B, h / p, w / p) bool],  # with focal crops and their masks
      "label": [Tensor(K * B)], "data_valid": [Tensor(K * B)], "data_idx": [Tensor(K * B)]}
+
+The model gets the focal views' masks as its trunk's ``mask`` argument through
+``MULTI_INPUT_HEAD_MAPPING``'s ``additional_keys: {mask: focal_mask}``.
 
 The data set seeds each sample's transforms from (SEED_VALUE, epoch, index), so the crops
 and the masks are the same after a resume and with any number of workers.
@@ -55,6 +63,33 @@ def _layout(sizes: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
     return large[1:], focal
 
 
+def _masked_crops(
+    sizes: list[tuple[int, ...]], grids: list[tuple[int, ...]], anchors: list[int], focal: list[int]
+) -> list[int] | None:
+    """The crops the masks belong to, in mask order: every crop, every crop but the target,
+    the crops of the largest size, or the anchors only (the first layout whose crops' sizes
+    fit the masks' grids with one patch size); None if none fits."""
+    layouts = [
+        list(range(len(sizes))),
+        [*anchors, *focal],
+        [0, *anchors],
+        anchors,
+    ]
+    for crops in layouts:
+        if len(crops) != len(grids):
+            continue
+        ratios = set()
+        for k, grid in zip(crops, grids):
+            height, width = sizes[k][-2:]
+            if len(grid) != 2 or height % grid[0] or width % grid[1]:
+                ratios.add((-1, -1))
+                break
+            ratios.add((height // grid[0], width // grid[1]))
+        if len(ratios) == 1:
+            return crops
+    return None
+
+
 @register_collator("msn_collator")
 def msn_collator(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Collate ``B`` samples of ``K`` crops and their masks (see the module docstring).
@@ -70,24 +105,23 @@ def msn_collator(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ConfigError(
             f"{_NAME}: the samples have no 'mask'; end config.DATA.TRAIN.TRANSFORMS with "
             "{name: RandomPatchMasking, mask_ratio: ..., patch_size: <the trunk's "
-            "PATCH_SIZE>} (MSN masks its anchor views).",
+            "PATCH_SIZE>, indices: [1, ..., K - 1]} (MSN masks its anchor and focal views).",
             _KEY,
         )
     sizes = [tuple(as_tensor(crop).shape) for crop in batch[0]["data"]]
     anchors, focal = _layout(sizes)
-    num_masks = len(batch[0]["mask"])
-    if num_masks == num_crops or num_masks == len(anchors) + 1:
-        mask_of = {k: k for k in anchors}
-    elif num_masks == len(anchors):
-        mask_of = {k: i for i, k in enumerate(anchors)}
-    else:
+    grids = [tuple(as_tensor(mask).shape) for mask in batch[0]["mask"]]
+    masked = _masked_crops(sizes, grids, anchors, focal)
+    if masked is None:
         raise ConfigError(
-            f"{_NAME}: each sample has {num_masks} masks for {num_crops} crops "
-            f"({len(anchors)} anchors): the masking transform must come after "
-            "ImgPilToMultiCrop and mask every crop, the crops of the largest size, or the "
-            "anchor crops only (indices).",
+            f"{_NAME}: each sample has {len(grids)} masks (grids {grids}) for {num_crops} "
+            f"crops of sizes {[s[-2:] for s in sizes]} ({len(anchors)} anchors, {len(focal)} "
+            "focal): the masking transform must come after ImgPilToMultiCrop and mask every "
+            "crop but the target (indices [1, ..., K - 1], MSN's), every crop, the crops of "
+            "the largest size, or the anchor crops only, with one patch_size.",
             _KEY,
         )
+    mask_of = {k: i for i, k in enumerate(masked)}
 
     def stack(crops: list[int], key: str, slot: dict[int, int] | None = None) -> torch.Tensor:
         return torch.stack(
@@ -105,6 +139,8 @@ def msn_collator(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     if focal:
         output["focal_views"] = [stack(focal, "data")]
+        if all(k in mask_of for k in focal):
+            output["focal_mask"] = [stack(focal, "mask", mask_of).bool()]
     for key in ("label", "data_valid", "data_idx"):
         output[key] = [view_major(batch, key, num_crops)]
     return output

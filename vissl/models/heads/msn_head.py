@@ -12,7 +12,8 @@ uniform init in ``+-1/sqrt(output_dim)``)::
 The output is the cosine similarity to every prototype, computed in float32 also under
 autocast; ``msn_loss`` divides it by its temperatures (VISSL's head applied the softmax and
 its ``temperature`` itself; here the loss owns both temperatures, so the target's
-sharpening stays in float32). With ``return_query`` the head returns ``normalize(z)``
+sharpening stays in float32; VISSL's head keys ``temperature`` and ``label_smoothing`` are
+accepted, and ``msn_loss`` checks they equal its own). With ``return_query`` the head returns ``normalize(z)``
 (the representation MSN evaluates). ``freeze_prototypes`` keeps the prototypes at their
 initial values (``requires_grad`` False).
 
@@ -67,6 +68,9 @@ class MSNHead(nn.Module):
         output_dim: width of the projection and of the prototypes (MSN: 256).
         freeze_prototypes: keep the prototypes at their random initialisation.
         return_query: return the normalised projection instead of the prototype scores.
+        temperature: VISSL's head key; the temperatures are msn_loss's here, which checks
+            that a value given here equals its ``temperature``.
+        label_smoothing: VISSL's head key, likewise msn_loss's ``label_smoothing``.
     """
 
     def __init__(
@@ -79,6 +83,8 @@ class MSNHead(nn.Module):
         output_dim: int = 256,
         freeze_prototypes: bool = False,
         return_query: bool = False,
+        temperature: float | None = None,
+        label_smoothing: float | None = None,
     ) -> None:
         super().__init__()
         self.in_dim = _positive_int(in_dim, "in_dim")
@@ -87,6 +93,14 @@ class MSNHead(nn.Module):
         self.output_dim = _positive_int(output_dim, "output_dim")
         use_bn = _flag(use_bn, "use_bn")
         self.return_query = _flag(return_query, "return_query")
+        for name, value in (("temperature", temperature), ("label_smoothing", label_smoothing)):
+            ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+            if not ok:
+                raise ConfigError(
+                    f"{_KEY}: msn_head's `{name}` must be a number (VISSL's key; msn_loss "
+                    f"applies it), got {value!r}.",
+                    _KEY,
+                )
         eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
         momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
         layers: OrderedDict[str, nn.Module] = OrderedDict()

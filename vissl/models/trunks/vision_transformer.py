@@ -38,6 +38,15 @@ MASKED_IMAGE_MODELING.NAME:
   are those of the visible patches, in patch order; MAP is not available.
 - ``ibot``: each masked patch's embedding is replaced by the learned ``masked_embed`` before
   the position embedding is added (iBOT, BEiT); the sequence keeps every patch.
+- ``msn`` (VISSL's MSN drop masking): a given mask is dropped as with ``mae``; without one,
+  in training mode, the trunk drops ``PARAMS.drop_ratio`` of the patches itself, after the
+  position embedding: one random set per forward (per group of same-size crops), the same
+  for every image, ``floor(L (1 - drop_ratio))`` of the ``L`` patches kept (in patch order),
+  the class token always. Inputs of fewer than ``PARAMS.global_view_tokens`` patches (VISSL:
+  196, so MSN's 96 px focal crops) are left whole; 0 drops patches of every input (MSN's
+  paper and code drop them from the focal views too). The draw comes from torch's global
+  generator (as drop path's), whose state the checkpoints hold, so a resume draws the same
+  sets. In eval mode (evaluation, EMA target encoders) nothing is dropped.
 
 Features, by VISSL's names (``out_feat_keys``; i counts blocks from 0, n the last blocks;
 every block output goes through the final LayerNorm ``norm`` first, as in DINO):
@@ -125,7 +134,11 @@ MASKING_MODES = {
     "": "no masking (a mask given to forward is an error)",
     "mae": "drop the masked patches: the blocks see the visible ones only (MAE)",
     "ibot": "replace the masked patches' embeddings by a learned mask token (iBOT, BEiT)",
+    "msn": "as mae for a given mask; without one, drop PARAMS.drop_ratio of the patches at "
+    "random in training (VISSL's MSN drop masking)",
 }
+#: VISSL's MASKED_IMAGE_MODELING.PARAMS of ``msn`` and their defaults
+MSN_PARAMS: dict[str, Any] = {"drop_ratio": 0.0, "global_view_tokens": 196}
 LAYER_NORM_EPS = 1e-6
 
 
@@ -153,8 +166,12 @@ class ViTSettings:
     num_register_tokens: int = 0
     #: layer scale: the initial value of the per-channel residual scales; None: off
     init_values: float | None = None
-    #: MASKED_IMAGE_MODELING.NAME: "", "mae" or "ibot"
+    #: MASKED_IMAGE_MODELING.NAME: "", "mae", "ibot" or "msn"
     masking: str = ""
+    #: msn: the fraction of the patches dropped in training when no mask is given
+    drop_ratio: float = 0.0
+    #: msn: inputs of fewer patches are not dropped (VISSL's focal views)
+    global_view_tokens: int = 196
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str) -> int:
@@ -286,7 +303,7 @@ def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
         use_class_token=use_class_token,
         num_register_tokens=registers,
         init_values=_init_values(cfg),
-        masking=_masking_name(cfg),
+        **_masking(cfg),
     )
 
 
@@ -304,19 +321,13 @@ def _init_values(cfg: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
-def _masking_name(cfg: Mapping[str, Any]) -> str:
+def _masking(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ViTSettings' ``masking`` (and msn's ``drop_ratio`` and ``global_view_tokens``)."""
     key = f"{_KEY}.MASKED_IMAGE_MODELING"
     mim = cfg.get("MASKED_IMAGE_MODELING", None) or {}
     if not isinstance(mim, Mapping):
         raise ConfigError(f"{key} must be a mapping {{NAME: ..., PARAMS: {{}}}}; got {mim!r}.", key)
     name = mim.get("NAME", "") or ""
-    if name == "msn":
-        raise ConfigError(
-            f"{key}.NAME='msn' (VISSL's in-model random token drop) is not implemented in "
-            "vissl: give MSN's masks from the data (RandomPatchMasking) with NAME: mae, "
-            "which drops the masked patches the same way, deterministically per sample.",
-            f"{key}.NAME",
-        )
     if name not in MASKING_MODES:
         raise ConfigError(
             f"{key}.NAME={name!r} is not supported; use one of "
@@ -325,6 +336,8 @@ def _masking_name(cfg: Mapping[str, Any]) -> str:
             f"{key}.NAME",
         )
     params = mim.get("PARAMS", None) or {}
+    if name == "msn":
+        return {"masking": name, **_msn_params(params, f"{key}.PARAMS")}
     if params:
         raise ConfigError(
             f"{key}.PARAMS={dict(params)!r}: NAME {name!r} takes no parameters (the masks "
@@ -332,7 +345,31 @@ def _masking_name(cfg: Mapping[str, Any]) -> str:
             "PARAMS empty.",
             f"{key}.PARAMS",
         )
-    return str(name)
+    return {"masking": str(name)}
+
+
+def _msn_params(params: Mapping[str, Any], key: str) -> dict[str, Any]:
+    unknown = sorted(set(params) - set(MSN_PARAMS))
+    if unknown:
+        raise ConfigError(
+            f"{key} has no key(s) {unknown}; NAME msn takes {sorted(MSN_PARAMS)} (VISSL's).",
+            f"{key}.{unknown[0]}",
+        )
+    ratio = params.get("drop_ratio", MSN_PARAMS["drop_ratio"])
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio < 1:
+        raise ConfigError(
+            f"{key}.drop_ratio must be a number in [0, 1) (the fraction of the patches "
+            f"dropped in training; VISSL's msn_deits16: 0.7), got {ratio!r}.",
+            f"{key}.drop_ratio",
+        )
+    tokens = params.get("global_view_tokens", MSN_PARAMS["global_view_tokens"])
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ConfigError(
+            f"{key}.global_view_tokens must be an integer >= 0 (inputs of fewer patches are "
+            f"not dropped; VISSL: 196, 0 drops from every input), got {tokens!r}.",
+            f"{key}.global_view_tokens",
+        )
+    return {"drop_ratio": float(ratio), "global_view_tokens": tokens}
 
 
 # --------------------------------------------------------------------------- modules
@@ -704,8 +741,14 @@ class VisionTransformer(nn.Module):
         pos = self.interpolate_pos_encoding(*grid)
         prefix = int(self.use_class_token)
         patches = patches + pos[:, prefix:]
-        if flat_mask is not None and self.masking == "mae":
+        if flat_mask is not None and self.masking in ("mae", "msn"):
             patches = gather_tokens(patches, keep_indices(flat_mask, visible_count(flat_mask)))
+        elif flat_mask is None and self._msn_drops(grid):
+            # one set for the whole batch, from the global generator (as VISSL and MSN)
+            num = grid[0] * grid[1]
+            keep = int(num * (1.0 - self.settings.drop_ratio))
+            kept = torch.randperm(num)[:keep].sort().values.to(patches.device)
+            patches = patches[:, kept]
         parts = []
         if self.cls_token is not None:
             parts.append((self.cls_token + pos[:, :prefix]).expand(batch, -1, -1))
@@ -713,6 +756,15 @@ class VisionTransformer(nn.Module):
             parts.append(self.register_tokens.expand(batch, -1, -1))
         tokens = torch.cat((*parts, patches), dim=1) if parts else patches
         return self.pos_drop(tokens), grid
+
+    def _msn_drops(self, grid: tuple[int, int]) -> bool:
+        """Whether the msn masking drops patches of an unmasked input of this grid."""
+        return (
+            self.masking == "msn"
+            and self.training
+            and self.settings.drop_ratio > 0
+            and grid[0] * grid[1] >= self.settings.global_view_tokens
+        )
 
     def _run_block(self, block: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_blocks and _checkpointing(self):
@@ -749,11 +801,12 @@ class VisionTransformer(nn.Module):
                     f"(e.g. lastPOOL) in {_FEATURES_KEY} and the heads' mappings.",
                     f"{_KEY}.USE_CLASS_TOKEN",
                 )
-            if spec.kind == "MAP" and masked and self.masking == "mae":
+            if spec.kind == "MAP" and masked and self.masking in ("mae", "msn"):
                 raise ConfigError(
                     f"vision_transformer feature {name!r} (a map of every patch) cannot be "
                     "computed from the visible patches only (MASKED_IMAGE_MODELING.NAME: "
-                    "mae): use lastPATCH or lastBLK with a mask, or no mask.",
+                    f"{self.masking}): use lastPATCH or lastBLK with a mask, or no mask "
+                    "(msn: or eval mode).",
                     _FEATURES_KEY,
                 )
 
@@ -774,7 +827,9 @@ class VisionTransformer(nn.Module):
         """
         names = list(out_feat_keys) if out_feat_keys else [self.default_feature_name()]
         specs = [parse_feature_name(name, len(self.blocks)) for name in names]
-        self._check_features(names, specs, mask is not None)
+        p = self.patch_size
+        grid = (int(x.shape[-2]) // p, int(x.shape[-1]) // p) if x.ndim == 4 else (0, 0)
+        self._check_features(names, specs, mask is not None or self._msn_drops(grid))
         wanted = {i for spec in specs for i in spec.blocks}
         tokens, grid = self.prepare_tokens(
             transform_model_input_data_type(x, self.input_type), mask
