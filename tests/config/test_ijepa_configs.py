@@ -111,3 +111,25 @@ def test_predictor_builds_the_sequence_of_i_jepa() -> None:
         predictor(torch.randn(2, kc + 1, 12), ~context, targets)
     with pytest.raises(ConfigError, match="divisible"):
         IJEPAPredictor({}, in_dim=12, predictor_dim=10, num_heads=2)
+
+
+def test_digits_probe_and_fine_tune_build_the_trunk_digits_ijepa_trains() -> None:
+    """The kNN probe and the fine-tuning config of a digits/ijepa checkpoint load its trunk
+    into the same ViT (a different width or patch size would not load, or load elsewhere)."""
+    keys = ("IMAGE_SIZE", "PATCH_SIZE", "HIDDEN_DIM", "NUM_LAYERS", "NUM_HEADS", "MLP_DIM")
+    keys += ("QKV_BIAS", "USE_CLASS_TOKEN", "CLASSIFIER")
+    trunks, cfgs = [], []
+    for name in (
+        "digits/ijepa",
+        "benchmark/nearest_neighbor/digits/nn_digits_ijepa",
+        "benchmark/fulltune/digits/ijepa_fulltune_digits",
+    ):
+        _, cfg = hydra_compose_and_validate([f"config={name}"])
+        vit = cfg.MODEL.TRUNK.VISION_TRANSFORMERS
+        trunks.append({k: vit[k] for k in keys})
+        cfgs.append(cfg)
+    assert trunks[0] == trunks[1] == trunks[2]
+    assert (trunks[0]["PATCH_SIZE"], trunks[0]["USE_CLASS_TOKEN"]) == (2, False)
+    tune = cfgs[2]
+    assert list(tune.MODEL.WEIGHTS_INIT.SKIP_LAYERS) == ["heads."]
+    assert list(tune.MODEL.HEAD.PARAMS[0][1]["dims"]) == [trunks[0]["HIDDEN_DIM"], 10]
