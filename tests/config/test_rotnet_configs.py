@@ -73,7 +73,7 @@ def test_digits_mid_trunk_probe_reads_res3_pooled_to_2x2() -> None:
     """nn_digits_quick_start_res3 (the digits RotNet and Jigsaw probe) holds what its
     comments state: quick_start's trunk, frozen, with four taps (res2, res3, res4 pooled to
     2 x 2, res5avg), the kNN reading res3 = 64 channels x 2 x 2 = 256 values of the trunk it
-    loads, at 8 px and at Jigsaw's 36 px."""
+    loads, at 8 px and at Jigsaw's 24 px."""
     from vissl.models import build_model
 
     cfg = _compose("benchmark/nearest_neighbor/digits/nn_digits_quick_start_res3")
@@ -87,7 +87,7 @@ def test_digits_mid_trunk_probe_reads_res3_pooled_to_2x2() -> None:
         for p in trained.trunk.parameters():
             p.add_(0.01 * torch.randn_like(p))  # differs from the probe's random init
     probe.trunk.base_model.load_state_dict(trained.trunk.state_dict())
-    for size in (8, 36):
+    for size in (8, 24):
         x = torch.randn(3, 3, size, size)
         with torch.no_grad():
             feats = probe(x)
