@@ -1,6 +1,7 @@
 """The RotNet ImageNet configs compose without warnings, build on the CPU, hold the
 numbers their comments state (rows per step, peak learning rate, warm-up, iterations per
-epoch), and one training step runs through rotnet_collator on a 224 px image."""
+epoch), and one training step runs through rotnet_collator on a 224 px image; the digits
+mid-trunk kNN probe (RotNet's and Jigsaw's) reads the tap its comments name."""
 
 from __future__ import annotations
 
@@ -66,3 +67,37 @@ def test_one_rotnet_step_on_a_224_px_image() -> None:
     value = loss(logits, label)
     value.backward()
     assert math.isfinite(value.item())
+
+
+def test_digits_mid_trunk_probe_reads_res3_pooled_to_2x2() -> None:
+    """nn_digits_quick_start_res3 (the digits RotNet and Jigsaw probe) holds what its
+    comments state: quick_start's trunk, frozen, with four taps (res2, res3, res4 pooled to
+    2 x 2, res5avg), the kNN reading res3 = 64 channels x 2 x 2 = 256 values of the trunk it
+    loads, at 8 px and at Jigsaw's 24 px."""
+    from vissl.models import build_model
+
+    cfg = _compose("benchmark/nearest_neighbor/digits/nn_digits_quick_start_res3")
+    assert cfg.NEAREST_NEIGHBOR.FEATURE_TYPE == "res3" and cfg.NEAREST_NEIGHBOR.TOPK == 20
+    assert cfg.DATA.TEST.TRANSFORMS[0].size == 8
+    pretrain = _compose("digits/rotnet")
+    assert cfg.MODEL.TRUNK == pretrain.MODEL.TRUNK
+    probe = build_model(cfg.MODEL, cfg.OPTIMIZER).eval()
+    trained = build_model(pretrain.MODEL, pretrain.OPTIMIZER).eval()
+    with torch.no_grad():
+        for p in trained.trunk.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # differs from the probe's random init
+    probe.trunk.base_model.load_state_dict(trained.trunk.state_dict())
+    for size in (8, 24):
+        x = torch.randn(3, 3, size, size)
+        with torch.no_grad():
+            feats = probe(x)
+            # res3 by hand: the trained trunk's stem, layer1 and layer2 (eval mode),
+            # average-pooled to 2 x 2 and flattened
+            blocks = trained.trunk._feature_blocks
+            h = x
+            for name in ("conv1", "bn1", "conv1_relu", "maxpool", "layer1", "layer2"):
+                h = blocks[name](h)
+            res3 = torch.nn.functional.adaptive_avg_pool2d(h, 2).flatten(1)
+        assert [tuple(f.shape) for f in feats] == [(3, 128), (3, 256), (3, 512), (3, 256)]
+        assert h.shape[1:] == (64, size // 2, size // 2)
+        torch.testing.assert_close(feats[1], res3)

@@ -1,6 +1,6 @@
 """``extra_scripts/generate_jigsaw_permutations.py``: Noroozi's greedy selection, checked
 step by step against distances computed by hand; the max_min set's minimum Hamming
-distance; the seed; VISSL's flags and file name; the shipped file is reproducible."""
+distance; the seed; VISSL's flags and file name; the shipped files are reproducible."""
 
 from __future__ import annotations
 
@@ -78,11 +78,11 @@ def test_cli_writes_vissls_file_name_that_shuffle_img_patches_reads(tmp_path: Pa
     assert len({tuple(r) for r in t.perms.tolist()}) == 24  # all of 4!
 
 
-def test_the_shipped_file_is_what_the_script_makes() -> None:
-    shipped = np.load(
-        Path(REPO) / "configs" / "jigsaw_permutations" / "hamming_perms_100_patches_9_max_avg.npy"
-    )
-    np.testing.assert_array_equal(shipped, gen.generate_permutations(100, 9, "max_avg", seed=0))
+@pytest.mark.parametrize("n,m", [(100, 9), (24, 4)])
+def test_the_shipped_files_are_what_the_script_makes(n: int, m: int) -> None:
+    name = f"hamming_perms_{n}_patches_{m}_max_avg.npy"
+    shipped = np.load(Path(REPO) / "configs" / "jigsaw_permutations" / name)
+    np.testing.assert_array_equal(shipped, gen.generate_permutations(n, m, "max_avg", seed=0))
 
 
 @pytest.mark.parametrize(

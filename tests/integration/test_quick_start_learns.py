@@ -134,3 +134,33 @@ def test_vit_self_distillation_digits_recipe_beats_its_random_init_vit(
     err, _ = _knn(tmp_path / "knn", final, probe)
     rand_err, _ = _knn(tmp_path / "knn_random", "", probe)
     assert err < rand_err, f"{config} {err:.2f}% vs random init {rand_err:.2f}% kNN error"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,size", [("digits/rotnet", 8), ("digits/jigsaw", 24)])
+def test_pretext_digits_recipe_beats_random_init_in_the_middle_of_the_trunk(
+    tmp_path: Path, config: str, size: int
+) -> None:
+    """RotNet and Jigsaw, probed where their papers find the features: res3 pooled to
+    2 x 2 (nn_digits_quick_start_res3), at the config's crop size; the random init is read
+    at the same tap and size."""
+    probe = "config=benchmark/nearest_neighbor/digits/nn_digits_quick_start_res3"
+    resize = [f"config.DATA.{s}.TRANSFORMS.0.size={size}" for s in ("TRAIN", "TEST")]
+    final = _pretrain(tmp_path / "pretrain", config=config)
+    line = re.compile(
+        r"^nearest_neighbor: .* \(error (\d+\.\d\d)%\) .* layer=res3 train=1438 test=359$"
+    )
+    errors = []
+    for name, params_file in (("knn", final), ("knn_random", "")):
+        out = _tool(
+            "nearest_neighbor_test.py",
+            probe,
+            *resize,
+            f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={params_file}",
+            f"config.CHECKPOINT.DIR={tmp_path / name}",
+        )
+        m = line.match(out.strip().splitlines()[-1])
+        assert m, out[-2000:]
+        errors.append(float(m.group(1)))
+    err, rand_err = errors
+    assert err < rand_err, f"{config} res3 {err:.2f}% vs random init {rand_err:.2f}% kNN error"
