@@ -7,8 +7,6 @@ patch transforms, siamese_collator and ResNet-50 on a 300 x 400 image (a local f
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import warnings
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests._vissl_configs import copy_vissl_config, needs_vissl_configs
 from tests.config.test_pretrain_method_configs import (
     IMAGENET_TRAIN_IMAGES,
     _build,
@@ -122,27 +121,18 @@ def _one_step(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     return data, logits[0]
 
 
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 def test_vissls_own_jigsaw_config_runs_a_step_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perms_2000: str
 ) -> None:
     """VISSL's pretrain/jigsaw/jigsaw_8gpu_resnet.yaml, but for its permutation URL (a
     local file of 2000 instead): composes, builds and trains a step on the CPU."""
-    src = os.path.join(
-        os.environ["VISSL_CONFIGS_DIR"], "pretrain", "jigsaw", "jigsaw_8gpu_resnet.yaml"
-    )
-    dst = tmp_path / "configs" / "config" / "vissl_original"
-    dst.mkdir(parents=True)
-    shutil.copyfile(src, dst / "jigsaw_8gpu_resnet.yaml")
-    monkeypatch.chdir(tmp_path)  # Hydra also reads ./configs/config
+    name = copy_vissl_config(tmp_path, "pretrain/jigsaw/jigsaw_8gpu_resnet.yaml", monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # VISSL's MMAP_MODE etc.
         _, cfg = hydra_compose_and_validate(
             [
-                "config=vissl_original/jigsaw_8gpu_resnet",
+                f"config={name}",
                 f"config.DATA.TRAIN.TRANSFORMS.{SHUFFLE}.perm_file={perms_2000}",
             ]
         )

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests._vissl_configs import needs_vissl_configs
 from tests.integration._runs import run_config
 from vissl.errors import ConfigError
 from vissl.trainer.sharded_checkpoint import consolidate_sharded_checkpoint
@@ -356,10 +357,7 @@ def test_fsdp_with_bf16_amp_mixed_precision_and_activation_checkpointing(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 def test_vissl_fsdp_configs_pass_key_checks_and_name_registered_components() -> None:
     """Every config of VISSL's folder that selects self_supervision_fsdp_task (91 in
     VISSL's main) or the ShardedDDP task (self_supervision_sdp_task, USE_SDP: none in

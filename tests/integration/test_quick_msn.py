@@ -11,14 +11,13 @@ for its data source, device and length (its trunk drops the patches itself:
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests._vissl_configs import copy_vissl_config, needs_vissl_configs
 from tests.integration._runs import crash_and_resume_states, read_jsonl, run_config
 from tests.integration.test_quick_dino_barlow import final_state, run_cli, sigkill_and_resume_cli
 from tests.integration.test_quick_vicreg import assert_bitwise_equal
@@ -102,26 +101,13 @@ VISSL_ENVIRONMENT = [  # what a CPU run without ImageNet needs; 16 images per pr
 ]
 
 
-def _vissl_original(tmp_path: Path, relative: str) -> str:
-    src = Path(os.environ["VISSL_CONFIGS_DIR"]) / relative
-    assert src.is_file(), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
-    dst = tmp_path / "configs" / "config" / "vissl_original"
-    dst.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst / src.name)
-    return f"vissl_original/{src.stem}"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 def test_vissl_original_quick_msn_runs_unchanged(tmp_path: Path, monkeypatch) -> None:
     """VISSL's layout: multicrop_collator (crop 0 the target), the ViT-S/16 trunk drops 70%
     of the 224 px crops' patches itself in training; 2 processes as the file says. About a
     minute on 2 cores."""
-    name = _vissl_original(tmp_path, "test/integration_test/quick_msn.yaml")
-    monkeypatch.chdir(tmp_path)  # Hydra also reads ./configs/config; CHECKPOINT.DIR is "."
+    name = copy_vissl_config(tmp_path, "test/integration_test/quick_msn.yaml", monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # VISSL keys vissl accepts but does not implement
         run_config(name, *VISSL_ENVIRONMENT)
@@ -136,10 +122,7 @@ def test_vissl_original_quick_msn_runs_unchanged(tmp_path: Path, monkeypatch) ->
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 def test_vissl_original_msn_deits16_builds(tmp_path: Path, monkeypatch) -> None:
     """VISSL's ImageNet recipe: its model, loss and target encoder build; the target
     encoder runs on the target crop and the loss on the other 9 crops' rows."""
@@ -147,8 +130,7 @@ def test_vissl_original_msn_deits16_builds(tmp_path: Path, monkeypatch) -> None:
     from vissl.models import build_model
     from vissl.utils.hydra_config import hydra_compose_and_validate
 
-    name = _vissl_original(tmp_path, "pretrain/msn/msn_deits16.yaml")
-    monkeypatch.chdir(tmp_path)
+    name = copy_vissl_config(tmp_path, "pretrain/msn/msn_deits16.yaml", monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, cfg = hydra_compose_and_validate([f"config={name}", "config.MACHINE.DEVICE=cpu"])

@@ -11,13 +11,12 @@ With ``VISSL_CONFIGS_DIR`` set to VISSL's ``configs/config`` folder, VISSL 0.1.6
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 
+from tests._vissl_configs import copy_vissl_config, needs_vissl_configs
 from tests.integration._runs import crash_and_resume_states, read_jsonl, run_config
 from tests.integration.test_quick_dino_barlow import final_state, run_cli
 
@@ -68,20 +67,12 @@ VISSL_ENVIRONMENT = [
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 def test_vissl_original_quick_pirl_runs_unchanged(tmp_path: Path, monkeypatch) -> None:
-    src = Path(os.environ["VISSL_CONFIGS_DIR"]) / "test" / "integration_test" / f"{NAME}.yaml"
-    assert src.is_file(), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
-    dst = tmp_path / "configs" / "config" / "vissl_original"
-    dst.mkdir(parents=True)
-    shutil.copyfile(src, dst / f"{NAME}.yaml")
-    monkeypatch.chdir(tmp_path)  # Hydra also reads ./configs/config; CHECKPOINT.DIR is "."
+    name = copy_vissl_config(tmp_path, f"test/integration_test/{NAME}.yaml", monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # VISSL keys vissl accepts but does not implement
-        task = run_config(f"vissl_original/{NAME}", *VISSL_ENVIRONMENT)
+        task = run_config(name, *VISSL_ENVIRONMENT)
     assert task.iteration == 1  # 32 images, 32 per step
     assert math.isfinite(task.phase_average_loss())
     state = final_state(tmp_path)

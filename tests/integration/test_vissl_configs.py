@@ -9,13 +9,12 @@ VISSL's ``configs/config`` folder (from a VISSL checkout) to run them unchanged 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import warnings
 
 import pytest
 import torch
 
+from tests._vissl_configs import copy_vissl_config, needs_vissl_configs
 from tests.integration._runs import read_jsonl, run_config
 
 
@@ -54,22 +53,13 @@ VISSL_CPU_TESTS = ["test_cpu_resnet_simclr", "test_cpu_regnet_simclr", "test_mul
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 @pytest.mark.parametrize("name", VISSL_CPU_TESTS)
 def test_vissl_original_cpu_configs(tmp_path, monkeypatch, name):
-    src = os.path.join(os.environ["VISSL_CONFIGS_DIR"], "test", "cpu_test", f"{name}.yaml")
-    assert os.path.isfile(src), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
-    # Hydra also looks for configs under ./configs/config of the current folder.
-    dst = tmp_path / "configs" / "config" / "vissl_original"
-    dst.mkdir(parents=True)
-    shutil.copyfile(src, dst / f"{name}.yaml")
-    monkeypatch.chdir(tmp_path)  # VISSL's configs write to CHECKPOINT.DIR "."
+    config = copy_vissl_config(tmp_path, f"test/cpu_test/{name}.yaml", monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # legacy TRUNK_PARAMS / MONITOR_PERF_STATS keys
-        task = run_config(f"vissl_original/{name}")
+        task = run_config(config)
     assert task.iteration >= 2
     assert (tmp_path / "checkpoint.torch").exists()
     if name == "test_multiple_meters":
@@ -92,10 +82,7 @@ VISSL_DEEPCLUSTER_V2_CPU = [
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("VISSL_CONFIGS_DIR"),
-    reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-)
+@needs_vissl_configs
 def test_vissl_original_quick_deepcluster_v2(tmp_path, monkeypatch):
     """Its keys are all accepted (the loss block's BATCHSIZE_PER_REPLICA and
     num_train_samples, memory_params.crops_for_mb; the old DISTRIBUTED.DISTR_ON is
@@ -103,16 +90,12 @@ def test_vissl_original_quick_deepcluster_v2(tmp_path, monkeypatch):
     processes and trains. 3 minutes on 2 cores (8 under heavy load)."""
     from vissl.utils.checkpoint import load_checkpoint
 
-    name = "quick_deepcluster_v2"
-    src = os.path.join(os.environ["VISSL_CONFIGS_DIR"], "test", "integration_test", f"{name}.yaml")
-    assert os.path.isfile(src), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
-    dst = tmp_path / "configs" / "config" / "vissl_original"
-    dst.mkdir(parents=True)
-    shutil.copyfile(src, dst / f"{name}.yaml")
-    monkeypatch.chdir(tmp_path)  # CHECKPOINT.DIR "."
+    name = copy_vissl_config(
+        tmp_path, "test/integration_test/quick_deepcluster_v2.yaml", monkeypatch
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DISTR_ON, COPY_DESTINATION_DIR (not implemented)
-        run_config(f"vissl_original/{name}", *VISSL_DEEPCLUSTER_V2_CPU)
+        run_config(name, *VISSL_DEEPCLUSTER_V2_CPU)
     records = read_jsonl(str(tmp_path / "stdout.json"))
     assert [r["iteration"] for r in records] == [1] and math.isfinite(records[0]["loss"])
     classy = load_checkpoint(str(tmp_path / "model_final_checkpoint_phase0.torch"))[

@@ -19,7 +19,6 @@ import copy
 import json
 import math
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,16 +27,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from tests._vissl_configs import copy_vissl_config, needs_vissl_configs
 from tests.integration._runs import read_jsonl, run_config
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.skipif(
-        not os.environ.get("VISSL_CONFIGS_DIR"),
-        reason="VISSL_CONFIGS_DIR (VISSL's configs/config folder) is not set",
-    ),
+    needs_vissl_configs,
 ]
 
 NAMED_TRUNKS = {
@@ -74,18 +71,10 @@ KNOWN_BROKEN = {
 }
 
 
-def _copy(tmp_path: Path, relative: str) -> str:
-    src = Path(os.environ["VISSL_CONFIGS_DIR"]) / relative
-    assert src.is_file(), f"{src} not found: VISSL_CONFIGS_DIR must be VISSL's configs/config"
-    dst = tmp_path / "configs" / "config" / "vissl_original"
-    dst.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst / src.name)
-    return f"vissl_original/{src.stem}"
-
-
 def test_vissl_test_cpu_efficientnet_simclr_runs_unchanged(tmp_path: Path, monkeypatch) -> None:
-    name = _copy(tmp_path, "test/cpu_test/test_cpu_efficientnet_simclr.yaml")
-    monkeypatch.chdir(tmp_path)  # Hydra also reads ./configs/config; CHECKPOINT.DIR is "."
+    name = copy_vissl_config(
+        tmp_path, "test/cpu_test/test_cpu_efficientnet_simclr.yaml", monkeypatch
+    )
     task = run_config(name)
     assert task.iteration == 2  # DATA_LIMIT 4, batch 2
     assert math.isfinite(task.phase_average_loss())
@@ -97,8 +86,9 @@ def test_vissl_test_cpu_efficientnet_simclr_runs_unchanged(tmp_path: Path, monke
 
 def test_vissl_quick_simclr_efficientnet_runs_unchanged(tmp_path: Path, monkeypatch) -> None:
     """2 processes with SyncBN (CpuSyncBatchNormAct keeps timm's BatchNorm+SiLU layers)."""
-    name = _copy(tmp_path, "test/integration_test/quick_simclr_efficientnet.yaml")
-    monkeypatch.chdir(tmp_path)
+    name = copy_vissl_config(
+        tmp_path, "test/integration_test/quick_simclr_efficientnet.yaml", monkeypatch
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # COPY_DESTINATION_DIR: accepted, not implemented
         run_config(name, *VISSL_ENVIRONMENT)
