@@ -38,7 +38,6 @@ logged as ``loss.dino_loss`` etc.).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -46,7 +45,7 @@ import torch
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses._checks import KeyChecks, is_number
+from vissl.losses._checks import KeyChecks, build_from_params, is_number
 from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
@@ -173,14 +172,7 @@ class DINOv2Loss(MaskedDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> DINOv2Loss:
-        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ConfigError(
-                f"{_KEY} has no key(s) {unknown}; its keys are {sorted(known)}.",
-                f"{_KEY}.{unknown[0]}",
-            )
-        return cls(**dict(params))
+        return build_from_params(cls, params, _KEY)
 
     def set_schedule_position(self, iteration: int, epoch: int) -> None:
         """The teacher temperature of ``iteration`` (DINOv2's schedules are per iteration)."""

@@ -28,16 +28,14 @@ Returns ``{"loss", "cls", "patch"}`` (VISSL's; the parts are logged as ``loss.cl
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
 
-from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses._checks import KeyChecks
+from vissl.losses._checks import KeyChecks, build_from_params
 from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
@@ -169,14 +167,7 @@ class IBOTLoss(MaskedDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> IBOTLoss:
-        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ConfigError(
-                f"{_KEY} has no key(s) {unknown}; its keys are {sorted(known)}.",
-                f"{_KEY}.{unknown[0]}",
-            )
-        return cls(**dict(params))
+        return build_from_params(cls, params, _KEY)
 
     def set_schedule_position(self, iteration: int, epoch: int) -> None:
         """The temperatures of train phase ``epoch`` (iBOT's schedules are per epoch)."""

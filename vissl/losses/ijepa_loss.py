@@ -30,7 +30,6 @@ to the loaded weights.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
@@ -41,6 +40,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
+from vissl.losses._checks import build_from_params
 from vissl.models.token_masking import gather_tokens, keep_indices
 
 logger = logging.getLogger(__name__)
@@ -189,14 +189,7 @@ class IJEPALoss(nn.Module):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> IJEPALoss:
-        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ConfigError(
-                f"{_KEY} has no key(s) {unknown}; its keys are {sorted(known)}.",
-                f"{_KEY}.{unknown[0]}",
-            )
-        return cls(**dict(params))
+        return build_from_params(cls, params, _KEY)
 
     # ------------------------------------------------------------ target encoder
     def bind_model(self, model: nn.Module) -> None:

@@ -37,7 +37,6 @@ Returns ``{"loss", "ce", "me_max", "entropy"}`` (the weighted terms are logged a
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -48,7 +47,7 @@ from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses._checks import KeyChecks
+from vissl.losses._checks import KeyChecks, build_from_params
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.self_distillation import MaskedDistillationLoss
 from vissl.losses.swav_common import distributed_sinkhorn
@@ -286,14 +285,7 @@ class MSNLoss(MaskedDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> MSNLoss:
-        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ConfigError(
-                f"{_KEY} has no key(s) {unknown}; its keys are {sorted(known)}.",
-                f"{_KEY}.{unknown[0]}",
-            )
-        return cls(**dict(params))
+        return build_from_params(cls, params, _KEY)
 
     # ------------------------------------------------------------------ target encoder
     def bind_model(self, model: nn.Module) -> None:
