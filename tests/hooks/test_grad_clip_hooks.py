@@ -190,6 +190,27 @@ def test_the_sets_are_built_once_not_every_step(monkeypatch: pytest.MonkeyPatch)
     assert norm.item() == pytest.approx(0.3, rel=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["per_parameter", "per_module"])
+def test_no_value_is_read_back_to_the_host(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The norms and the scaling stay tensors (on CUDA a read would sync each step; the
+    CUDA suite counts syncs, tests/gpu/test_cuda_host_syncs.py)."""
+    model = _Model()
+    hook = GradClipHook(max_norm=0.3, mode=mode)
+    task = _task(model)
+    hook.on_backward(task)  # type: ignore[arg-type]  # (no gradients yet: nothing to do)
+    _grads_of_norm(model, {"trunk.weight": 5.0})
+    before = _clone_grads(model)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a tensor value was read on the host")
+
+    for method in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, method, refuse)
+    hook.on_backward(task)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert not torch.equal(model.trunk.weight.grad, before["trunk.weight"])  # it clipped
+
+
 def test_unscales_first_under_fp16() -> None:
     calls: list[str] = []
 
