@@ -1,0 +1,154 @@
+"""Every recipe card field equals our configs as composed (issue #35, item 4).
+
+The cards (``tests/config/recipe_cards.py``) hold the authors' published ImageNet settings
+of every method, each with the file it was read from. Each (card, config, field) is one
+test: the config is composed once per test process and the field read as the trainer would
+see it (``tests/config/_recipe_probes.py``: the lr schedule as built, at the config's
+global batch; the heads as built, without the trunk). A failure names the method, the
+config, the field, ours, theirs and the source. A deliberate difference is a row with
+``ours`` (and ``why``); the method's docs page must show it, in the "Recipe card" section
+generated from the card (``PYTHONPATH=. python tests/config/recipe_cards.py`` rewrites it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from tests.config import _recipe_probes as probes
+from tests.config.recipe_cards import (
+    CARDS,
+    METHODS_DOCS,
+    SAME,
+    Card,
+    Lr,
+    Row,
+    Sched,
+    page_section,
+    render_page_section,
+    show,
+)
+
+CASES = [
+    pytest.param(card, config, row, id=f"{card.method}-{config.rsplit('/', 1)[-1]}-{row.name}")
+    for card in CARDS
+    for config in card.configs
+    for row in card.rows
+]
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+
+
+def matches(expected: Any, ours: Any, recipe: probes.Recipe) -> bool:
+    """Whether our value ``ours`` is the card's ``expected`` (an Lr at our global batch)."""
+    if isinstance(expected, Lr):
+        return isinstance(ours, float) and _close(ours, expected.at(recipe.global_batch))
+    if isinstance(expected, Sched):
+        return _sched_matches(expected, ours)
+    if isinstance(expected, str) and isinstance(ours, str):
+        return _norm(expected) == _norm(ours)
+    if isinstance(expected, bool) or isinstance(ours, bool):
+        return expected is ours
+    if isinstance(expected, (int, float)) and isinstance(ours, (int, float)):
+        return _close(float(expected), float(ours))
+    if isinstance(expected, (tuple, list)) and isinstance(ours, (tuple, list)):
+        return len(expected) == len(ours) and all(
+            matches(e, o, recipe) for e, o in zip(expected, ours, strict=True)
+        )
+    return bool(expected == ours)
+
+
+def _norm(text: str) -> str:
+    """Head layouts: ``→`` (our module boundary) reads as ``,``."""
+    return " ".join(text.replace("→", ",").replace(" ,", ",").split())
+
+
+def _sched_matches(expected: Sched, ours: Any) -> bool:
+    if not isinstance(ours, Sched) or ours.shape != expected.shape:
+        return False
+    for name in ("start", "end", "gamma"):
+        want = getattr(expected, name)
+        if want is not None and not _close(want, getattr(ours, name)):
+            return False
+    if expected.milestones is not None and expected.milestones != ours.milestones:
+        return False
+    if expected.end_rel is not None:
+        assert ours.start is not None and ours.end is not None
+        if not math.isclose(ours.end / ours.start, expected.end_rel, rel_tol=1e-3, abs_tol=1e-9):
+            return False
+    return True
+
+
+def _describe_ours(ours: Any, expected: Any, recipe: probes.Recipe) -> str:
+    if isinstance(expected, Lr) and isinstance(ours, float):
+        per = ours * expected.per / recipe.global_batch
+        return f"{ours:g} at batch {recipe.global_batch} (= {per:g} per {expected.per} linear)"
+    if isinstance(expected, Sched) and isinstance(ours, Sched) and expected.end_rel is not None:
+        rel = ours.end / ours.start if ours.start else float("nan")
+        return f"{show(ours)} (end = {rel:g} x start)"
+    return show(ours) if not isinstance(ours, str) else ours
+
+
+@pytest.mark.parametrize(("card", "config", "row"), CASES)
+def test_card_field_equals_config(card: Card, config: str, row: Row) -> None:
+    recipe = probes.recipe(config)
+    ours = probes.read(recipe, row.field)
+    expected = row.expected(config)
+    if not matches(expected, ours, recipe):
+        want = (
+            f"theirs {show(row.theirs)}"
+            if not row.differs_in(config)
+            else f"the recorded deliberate difference {show(expected)} (theirs "
+            f"{show(row.theirs)})"
+        )
+        if isinstance(row.theirs, Lr):
+            want += f" = {row.theirs.at(recipe.global_batch):g} at batch {recipe.global_batch}"
+        pytest.fail(
+            f"{card.method} {config}: {row.name} ({row.field}): ours "
+            f"{_describe_ours(ours, expected, recipe)}, {want}; source: {row.source}",
+            pytrace=False,
+        )
+
+
+def test_deliberate_differences_differ_and_say_why() -> None:
+    for card in CARDS:
+        for row in card.rows:
+            if row.ours is SAME:
+                continue
+            assert row.why, f"{card.method} {row.name}: a difference needs its reason"
+            values = row.ours.values() if isinstance(row.ours, dict) else [row.ours]
+            for value in values:
+                assert value != row.theirs, f"{card.method} {row.name}: 'ours' equals theirs"
+            if isinstance(row.ours, dict):
+                shorts = {c.rsplit("/", 1)[-1] for c in card.configs}
+                assert set(row.ours) <= shorts, (card.method, row.name, set(row.ours) - shorts)
+
+
+def test_every_method_page_has_a_card() -> None:
+    pages = {p.stem for p in METHODS_DOCS.glob("*.md")}
+    assert pages == {c.page for c in CARDS}
+
+
+@pytest.mark.parametrize("page", sorted({c.page for c in CARDS}))
+def test_page_shows_its_recipe_card(page: str) -> None:
+    """The page ends with the section generated from its card(s), differences included."""
+    text = (METHODS_DOCS / f"{page}.md").read_text(encoding="utf-8")
+    section = page_section(text)
+    assert section is not None, (
+        f"docs/methods/{page}.md has no '## Recipe card' section: run "
+        "PYTHONPATH=. python tests/config/recipe_cards.py"
+    )
+    for card in CARDS:
+        if card.page != page:
+            continue
+        for row in card.rows:
+            if row.ours is not SAME:
+                assert row.why in section, (page, card.method, row.name)
+    assert section == render_page_section(page), (
+        f"docs/methods/{page}.md: the Recipe card section is not the one its card renders; "
+        "run PYTHONPATH=. python tests/config/recipe_cards.py"
+    )
