@@ -56,7 +56,9 @@ class Recipe:
 
     @property
     def global_batch(self) -> int:
-        return int(self.cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA) * self.world_size
+        """Images per optimizer step (gradient accumulation included)."""
+        steps = int(self.cfg.OPTIMIZER.get("GRAD_ACCUMULATION_STEPS", 1) or 1)
+        return int(self.cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA) * self.world_size * steps
 
     @property
     def epochs(self) -> int:
@@ -98,7 +100,10 @@ class Recipe:
             modules = []
             for head_name, kwargs in chain:
                 cls = get_model_head(head_name)
-                with _meta_device():
+                try:
+                    with _meta_device():
+                        modules.append(cls(self.cfg.MODEL, **kwargs))
+                except (NotImplementedError, RuntimeError):  # an init that reads values
                     modules.append(cls(self.cfg.MODEL, **kwargs))
             heads.append(modules[0] if len(modules) == 1 else nn.Sequential(*modules))
         return heads
@@ -162,7 +167,8 @@ def warmup_start(r: Recipe) -> float:
 
 def lr_schedule(r: Recipe) -> Sched:
     """The schedule after the warm-up: cosine / steps / constant, and where it ends."""
-    return describe(r.curve("lr")[warmup_epochs(r) :], r.epochs - warmup_epochs(r))
+    warm = warmup_epochs(r)
+    return describe(r.curve("lr")[warm:], r.epochs - warm, offset=warm)
 
 
 def describe(curve: list[float], n: int, offset: int = 0) -> Sched:
@@ -203,13 +209,40 @@ def wd_exempt(r: Recipe) -> tuple[str, ...]:
     exempt: set[str] = set()
     if opt.name == "lars" and opt.get("exclude_bias_and_norm", False):
         exempt |= {"norm", "bias"}
-    if not opt.get("construct_single_param_group_only", False):
+    constructor = str(opt.get("param_group_constructor", "default"))
+    vit = str(r.cfg.MODEL.TRUNK.NAME) == "vision_transformer"
+    if constructor == "dino" or (constructor == "lr_decay" and vit):
+        # DINO's rule (vissl/optimizers/param_groups/dino.py, layer_decay.py)
+        exempt |= {"bias", "norm"}
+        exempt |= {str(p) for p in opt.get("non_regularized_parameters", []) or []}
+    elif not opt.get("construct_single_param_group_only", False):
         if not opt.regularize_bn:
             exempt.add("norm")
         if not opt.regularize_bias:
             exempt.add("bias")
         exempt |= {str(p) for p in opt.get("non_regularized_parameters", []) or []}
     return tuple(sorted(exempt))
+
+
+def lr_head_schedule(r: Recipe) -> Sched:
+    """The heads' lr schedule (``lr_head``; the trunk's ``lr`` when not set)."""
+    curve = r.curve("lr_head")
+    warm = warmup_epochs(r) if curve == r.curve("lr") else 0
+    return describe(curve[warm:], r.epochs - warm)
+
+
+def transforms(r: Recipe) -> tuple[str, ...]:
+    """The names of the training transforms, in order."""
+    return tuple(str(t["name"]) for t in r.cfg.DATA.TRAIN.TRANSFORMS)
+
+
+def pos_embed(r: Recipe) -> str:
+    """``learned`` or the fixed embedding a ViT trunk is configured with."""
+    vit = r.cfg.MODEL.TRUNK.VISION_TRANSFORMERS
+    for key in ("POS_EMBED", "POSITION_EMBEDDING", "POS_EMBED_TYPE"):
+        if key in vit:
+            return str(vit[key])
+    return "learned"
 
 
 def trust_ratio_exempt(r: Recipe) -> tuple[str, ...]:
@@ -314,7 +347,7 @@ def _layer(m: nn.Module) -> str | None:
         if isinstance(m, act):
             return act.__name__
     if isinstance(m, nn.Dropout):
-        return "Dropout"
+        return "Dropout" if m.p > 0 else None
     if isinstance(m, nn.Identity):
         return None
     if isinstance(m, nn.Conv2d):
@@ -331,6 +364,8 @@ def _weight_normed(m: nn.Module) -> bool:
 PROBES: dict[str, Callable[[Recipe], Any]] = {
     "optimizer": optimizer,
     "lr": lr_peak,
+    # our param groups give 1-D parameters the weights' schedule
+    "lr_norm_bias": lr_peak,
     "warmup_epochs": warmup_epochs,
     "warmup_start": warmup_start,
     "lr_schedule": lr_schedule,
@@ -342,15 +377,40 @@ PROBES: dict[str, Callable[[Recipe], Any]] = {
     "epochs": epochs,
     "crops": crops,
     "grad_clip": grad_clip,
+    "lr_head_schedule": lr_head_schedule,
+    "transforms": transforms,
+    "pos_embed": pos_embed,
     "zero_init_residual": zero_init_residual,
     "head": head,
 }
 
 
+def iterations_per_epoch(r: Recipe) -> int:
+    """Optimizer steps per epoch: the sampler pads to equal shards, DROP_LAST drops the rest."""
+    per_rank = math.ceil(IMAGENET_TRAIN_IMAGES / r.world_size)
+    steps = int(r.cfg.OPTIMIZER.get("GRAD_ACCUMULATION_STEPS", 1) or 1)
+    return per_rank // int(r.cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA) // steps
+
+
 def read(r: Recipe, field: str) -> Any:
-    """Our value of the card field ``field`` in the recipe ``r``."""
+    """Our value of the card field ``field`` in the recipe ``r``.
+
+    ``epochs_of:<key>`` is the iteration count at ``<key>`` in ImageNet-1k epochs of this
+    config (2 decimals): the cards give the authors' epochs where our config counts steps.
+    """
     probe = PROBES.get(field)
-    return probe(r) if probe is not None else config_value(r, field)
+    if probe is not None:
+        return probe(r)
+    if field.startswith("transform:"):  # transform:<name>.<key>, the first such transform
+        name, key = field[len("transform:") :].split(".", 1)
+        for t in r.cfg.DATA.TRAIN.TRANSFORMS:
+            if t["name"] == name:
+                return _plain(t.get(key))
+        return None
+    if field.startswith("epochs_of:"):
+        key = field[len("epochs_of:") :]
+        return round(float(config_value(r, key)) / iterations_per_epoch(r), 2)
+    return config_value(r, field)
 
 
 __all__ = ["IMAGENET_TRAIN_IMAGES", "PROBES", "Recipe", "Lr", "read", "recipe"]

@@ -537,20 +537,1070 @@ SWAV = Card(
             "`src/resnet50.py` (`projection_head`, `prototypes`); `--nmb_prototypes 3000`",
         ),
         Row(
-            "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
-            (("module.heads.0.prototypes0.weight", 313),),
-            "the script: `--freeze_prototypes_niters 313` (one epoch at 4096)",
-            label="prototypes frozen (iterations)",
-            ours={"swav_8gpu_resnet": (("module.heads.0.prototypes0.weight", 2503),)},
-            why="one epoch at batch 512, as 313 is one epoch at 4096 (the batch-256 script "
-            "freezes 5005, one epoch at 256).",
+            "epochs_of:MODEL.TEMP_FROZEN_PARAMS_ITER_MAP.0.1",
+            1.0,
+            "the script: `--freeze_prototypes_niters 313` (one epoch at 4096; the batch-256 "
+            "script's 5005 is one epoch at 256)",
+            label="prototypes frozen (epochs)",
         ),
         Row("zero_init_residual", False, "`main_swav.py` / `src/resnet50.py` "
             "(`zero_init_residual=False`)"),
     ),
 )
 
-CARDS: tuple[Card, ...] = (SIMCLR, SIMCLR_MULTICROP, MOCO_V2, SWAV)
+BARLOW_REPO = (
+    "`facebookresearch/barlowtwins` at `8e8d284`: `main.py` (argparse defaults, `LARS`, "
+    "`adjust_learning_rate`, the `BarlowTwins` projector and `bn`), and its first release "
+    "`f13c949` (`--scale-loss 1/32` with one lr for every parameter)"
+)
+BARLOW_PAPER = (
+    "the Barlow Twins paper (Zbontar et al., ICML 2021), Sec. 4 (implementation details): "
+    "LARS, 1000 epochs, batch 2048, lr 0.2 (weights) and 0.0048 (biases and BN) x batch/256, "
+    "10 warm-up epochs, cosine down by 1000x, weight decay 1.5e-6"
+)
+
+BARLOW_TWINS = Card(
+    method="Barlow Twins",
+    page="barlow_twins",
+    title="Barlow Twins (ResNet-50, 1000 epochs)",
+    configs=(
+        "pretrain/barlow_twins/barlow_twins_8gpu_resnet",
+        "pretrain/barlow_twins/barlow_twins_64gpu_resnet",
+    ),
+    sources=(BARLOW_REPO, BARLOW_PAPER),
+    rows=(
+        Row("optimizer", "lars", "`main.py` `LARS`"),
+        Row("OPTIMIZER.momentum", 0.9, "`main.py` `LARS(momentum=0.9)`", label="momentum"),
+        Row("trust_coefficient", 0.001, "`main.py` `LARS(eta=0.001)`"),
+        Row("trust_ratio_exempt", ("bias", "norm"), "`main.py` (`lars_adaptation_filter`: "
+            "`p.ndim == 1`)"),
+        Row("wd_exempt", ("bias", "norm"), "`main.py` (`weight_decay_filter`: `p.ndim == 1`)"),
+        Row("lr", Lr(0.2), "`main.py` `--learning-rate-weights`, `adjust_learning_rate`"),
+        Row(
+            "lr_norm_bias",
+            Lr(0.0048),
+            "`main.py` `--learning-rate-biases` (biases and BN parameters)",
+            label="lr of biases and BN (1-D) parameters",
+            ours=Lr(0.2),
+            why="our param groups cannot give the 1-D parameters their own rate (only the "
+            "head can have one); instead the loss is scaled by 0.024 (next row), so that these "
+            "parameters, which get plain momentum SGD without weight decay, step by exactly "
+            "0.2 x 0.024 = 0.0048 times the unscaled gradient, as in the authors' code.",
+        ),
+        Row(
+            "LOSS.barlow_twins_loss.scale_loss",
+            1.0,
+            "`main.py` (no loss scale since `046eec3`; the first release had `--scale-loss "
+            "1/32`)",
+            label="loss scale",
+            ours=0.024,
+            why="the formulation of the authors' first release and of VISSL's "
+            "`barlow_twins_4node_resnet.yaml` (one lr, a scaled loss); with 1-D parameters at "
+            "0.2 it gives them the authors' 0.0048 step. LARS normalises the weights' step, "
+            "so the scale only changes the weights' balance between gradient and weight decay.",
+        ),
+        Row("warmup_epochs", 10, "`main.py` `adjust_learning_rate`"),
+        Row("warmup_start", 0.0, "`main.py` `adjust_learning_rate` (linear from 0)"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.001), "`main.py` `adjust_learning_rate`"),
+        Row("weight_decay", 1.5e-6, "paper Sec. 4 (`main.py`'s default is 1e-6)"),
+        Row(
+            "batch_size",
+            2048,
+            "`main.py` `--batch-size`; paper",
+            ours={"barlow_twins_8gpu_resnet": 512},
+            why="64 per GPU on one node of 8 GPUs (the lr follows linearly); the 64-GPU config "
+            "has the paper's 2048.",
+        ),
+        Row("epochs", 1000, "`main.py` `--epochs`"),
+        Row("LOSS.barlow_twins_loss.lambda_", 0.0051, "`main.py` `--lambd`", label="lambda"),
+        Row("crops", ((2, 224, (0.08, 1.0)),), "`main.py` `Transform` "
+            "(`RandomResizedCrop(224)`, bicubic)"),
+        Row(
+            "head",
+            "Linear 2048-8192 (no bias), BN, ReLU → Linear 8192-8192 (no bias), BN, ReLU → "
+            "Linear 8192-8192 (no bias)",
+            "`main.py` `BarlowTwins.__init__` (`--projector 8192-8192-8192`; the loss's "
+            "`BatchNorm1d(affine=False)` is in our loss)",
+        ),
+        Row("zero_init_residual", True, "`main.py`: `resnet50(zero_init_residual=True)`"),
+    ),
+)
+
+VICREG_REPO = (
+    "`facebookresearch/vicreg` at `4e12602`: `main_vicreg.py` (argparse defaults, `LARS`, "
+    "`exclude_bias_and_norm`, `adjust_learning_rate`, `Projector`, the loss), "
+    "`augmentations.py`, `README.md` (the 8-GPU command: `--epochs 100 --batch-size 512 "
+    "--base-lr 0.3`; the 32-GPU one: `--epochs 1000 --batch-size 2048 --base-lr 0.2`)"
+)
+
+
+def _vicreg_rows(lr: float, batch: int, epochs: int, readme: str) -> tuple[Row, ...]:
+    return (
+        Row("optimizer", "lars", "`main_vicreg.py` `LARS`"),
+        Row("OPTIMIZER.momentum", 0.9, "`main_vicreg.py` `LARS(momentum=0.9)`",
+            label="momentum"),
+        Row("trust_coefficient", 0.001, "`main_vicreg.py` `LARS(eta=0.001)`"),
+        Row("trust_ratio_exempt", ("bias", "norm"), "`main_vicreg.py` "
+            "`lars_adaptation_filter=exclude_bias_and_norm`"),
+        Row("wd_exempt", ("bias", "norm"), "`main_vicreg.py` "
+            "`weight_decay_filter=exclude_bias_and_norm`"),
+        Row("lr", Lr(lr), f"{readme} `--base-lr {lr:g}`; `adjust_learning_rate`"),
+        Row("warmup_epochs", 10, "`main_vicreg.py` `adjust_learning_rate`"),
+        Row("warmup_start", 0.0, "`main_vicreg.py` `adjust_learning_rate`"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.001), "`main_vicreg.py` "
+            "`adjust_learning_rate`"),
+        Row("weight_decay", 1e-6, "`main_vicreg.py` `--wd`"),
+        Row("batch_size", batch, f"{readme} `--batch-size {batch}`"),
+        Row("epochs", epochs, f"{readme} `--epochs {epochs}`"),
+        Row("LOSS.vicreg_loss.sim_coeff", 25.0, "`main_vicreg.py` `--sim-coeff`",
+            label="invariance coefficient"),
+        Row("LOSS.vicreg_loss.std_coeff", 25.0, "`main_vicreg.py` `--std-coeff`",
+            label="variance coefficient"),
+        Row("LOSS.vicreg_loss.cov_coeff", 1.0, "`main_vicreg.py` `--cov-coeff`",
+            label="covariance coefficient"),
+        Row("LOSS.vicreg_loss.eps", 0.0001, "`main_vicreg.py` `VICReg.forward` "
+            "(`sqrt(var + 0.0001)`)", label="variance epsilon"),
+        Row("crops", ((2, 224, (0.08, 1.0)),), "`augmentations.py` "
+            "(`RandomResizedCrop(224)`, bicubic)"),
+        Row(
+            "head",
+            "Linear 2048-8192, BN, ReLU → Linear 8192-8192, BN, ReLU → "
+            "Linear 8192-8192 (no bias)",
+            "`main_vicreg.py` `Projector` (`--mlp 8192-8192-8192`)",
+        ),
+        Row("zero_init_residual", True, "`main_vicreg.py`: `resnet50(zero_init_residual=True)`"),
+    )
+
+
+VICREG_100 = Card(
+    method="VICReg, 100 epochs",
+    page="vicreg",
+    title="VICReg (ResNet-50), the authors' single-node recipe",
+    configs=("pretrain/vicreg/vicreg_8gpu_resnet",),
+    sources=(VICREG_REPO,),
+    rows=_vicreg_rows(0.3, 512, 100, "`README.md` (8 GPUs):"),
+)
+
+VICREG_1000 = Card(
+    method="VICReg, 1000 epochs",
+    page="vicreg",
+    title="VICReg (ResNet-50), the paper's 1000-epoch recipe",
+    configs=("pretrain/vicreg/vicreg_64gpu_resnet",),
+    sources=(VICREG_REPO,),
+    rows=_vicreg_rows(0.2, 2048, 1000, "`README.md` (4 nodes):"),
+)
+
+DEEPCLUSTER_V2 = Card(
+    method="DeepCluster-v2",
+    page="deepcluster_v2",
+    title="DeepCluster-v2 (ResNet-50, batch 4096, 800 epochs)",
+    configs=(
+        "pretrain/deepcluster_v2/deepclusterv2_8gpu_resnet50",
+        "pretrain/deepcluster_v2/deepclusterv2_64gpu_resnet50",
+    ),
+    sources=(
+        "`facebookresearch/swav` at `06b1b7c`: `scripts/deepclusterv2_800ep_pretrain.sh`, "
+        "`scripts/deepclusterv2_400ep_pretrain.sh`, `main_deepclusterv2.py` (optimizer, lr "
+        "schedule, `cluster_memory`), `src/resnet50.py` (head, `MultiPrototypes`)",
+    ),
+    rows=(
+        Row("optimizer", "larc", "`main_deepclusterv2.py`: `LARC(SGD, trust_coefficient=0.001, "
+            "clip=False)`"),
+        Row("OPTIMIZER.momentum", 0.9, "`main_deepclusterv2.py`", label="momentum"),
+        Row("trust_coefficient", 0.001, "`main_deepclusterv2.py`"),
+        Row("lr", Lr(4.8, per=4096), "the script: `--base_lr 4.8` at batch 4096"),
+        Row("warmup_epochs", 10, "the script: `--warmup_epochs 10`"),
+        Row("warmup_start", 0.3 / 4.8, "the script: `--start_warmup 0.3` (of 4.8)"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.001), "`main_deepclusterv2.py` "
+            "(`--final_lr 0.0048` of 4.8)"),
+        Row("weight_decay", 1e-6, "the script: `--wd 0.000001`"),
+        Row("wd_exempt", (), "`main_deepclusterv2.py`: SGD over `model.parameters()`"),
+        Row(
+            "batch_size",
+            4096,
+            "the script: 64 per GPU on 64 GPUs",
+            ours={"deepclusterv2_8gpu_resnet50": 512},
+            why="one node of 8 GPUs at 64 each; the whole lr schedule scales linearly "
+            "(peak 0.6, warm-up from 0.0375, end 0.0006).",
+        ),
+        Row(
+            "epochs",
+            800,
+            "the script: `--epochs 800`",
+            ours={"deepclusterv2_8gpu_resnet50": 400},
+            why="the length of the authors' `deepclusterv2_400ep_pretrain.sh` (whose crops are "
+            "2 x 160 + 4 x 96; ours keep the 800-epoch script's).",
+        ),
+        Row("LOSS.deepclusterv2_loss.temperature", 0.1, "the script: `--temperature`",
+            label="temperature"),
+        Row("LOSS.deepclusterv2_loss.num_clusters", (3000, 3000, 3000),
+            "the script: `--nmb_prototypes 3000 3000 3000`", label="clusterings"),
+        Row("LOSS.deepclusterv2_loss.kmeans_iters", 10, "`main_deepclusterv2.py` "
+            "`cluster_memory(nmb_kmeans_iters=10)`", label="k-means iterations"),
+        Row("LOSS.deepclusterv2_loss.memory_params.crops_for_mb", (0, 1),
+            "the script: `--crops_for_assign 0 1`", label="crops in the memory"),
+        Row(
+            "crops",
+            ((2, 224, (0.14, 1.0)), (6, 96, (0.05, 0.14))),
+            "the script: `--nmb_crops 2 6 --size_crops 224 96 --min_scale_crops 0.14 0.05 "
+            "--max_scale_crops 1. 0.14`",
+        ),
+        Row(
+            "head",
+            "Linear 2048-2048, BN, ReLU, Linear 2048-128, Linear 128-3000 (no bias), "
+            "Linear 128-3000 (no bias), Linear 128-3000 (no bias)",
+            "`src/resnet50.py` (`projection_head`, `MultiPrototypes`)",
+        ),
+        Row("zero_init_residual", False, "`src/resnet50.py` (`zero_init_residual=False`)"),
+    ),
+)
+
+VISSL = "`facebookresearch/vissl` at `09270ed`"
+
+ROTNET = Card(
+    method="RotNet",
+    page="rotnet",
+    title="RotNet (ResNet-50): VISSL's ImageNet recipe, with the paper's four rotations per "
+    "image",
+    configs=("pretrain/rotnet/rotnet_8gpu_resnet50", "pretrain/rotnet/rotnet_64gpu_resnet50"),
+    sources=(
+        f"{VISSL}: `configs/config/pretrain/rotnet/rotnet_8gpu_resnet.yaml` (the ResNet-50 "
+        "recipe of the RotNet authors' colleagues, Goyal et al. 2019)",
+        "`gidariss/FeatureLearningRotNet` at `edafaba` (Gidaris et al., ICLR 2018): "
+        "`dataloader.py` (every image in all four rotations in one batch); its ImageNet "
+        "recipe is an AlexNet one (`config/ImageNet_RotNet_AlexNet.py`)",
+    ),
+    rows=(
+        Row("optimizer", "sgd", "VISSL config"),
+        Row("OPTIMIZER.momentum", 0.9, "VISSL config", label="momentum"),
+        Row("OPTIMIZER.nesterov", False, "VISSL config", label="Nesterov"),
+        Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256 images, auto-scaled)"),
+        Row(
+            "warmup_epochs",
+            0,
+            "VISSL config",
+            ours={"rotnet_64gpu_resnet50": 5},
+            why="batch 1024 images (4096 rows): Goyal et al.'s gradual warm-up over 5 epochs "
+            "from a quarter of the peak, the warm-up VISSL's Jigsaw and ClusterFit configs "
+            "write for the same schedule.",
+        ),
+        Row("warmup_start", 1.0, "VISSL config", ours={"rotnet_64gpu_resnet50": 0.25},
+            why="the 64-GPU warm-up starts at a quarter of the peak (see the warm-up "
+            "epochs)."),
+        Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
+            "VISSL config (`multistep` at 30, 60, 90, 100)"),
+        Row("weight_decay", 1e-4, "VISSL config"),
+        Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
+        Row(
+            "batch_size",
+            256,
+            "VISSL config (32 per GPU on 8 GPUs)",
+            ours={"rotnet_64gpu_resnet50": 1024},
+            why="16 images per GPU on 64 GPUs, the lr scaled linearly (0.4).",
+        ),
+        Row("epochs", 105, "VISSL config"),
+        Row(
+            "DATA.TRAIN.COLLATE_FUNCTION_PARAMS.num_angles",
+            4,
+            "`FeatureLearningRotNet` `dataloader.py` (the four rotations of every image, "
+            "labels 0-3; VISSL's `ImgRotatePil` draws one rotation per image instead)",
+            label="rotations of each image in the batch",
+        ),
+        Row("crops", ((1, 224, (0.08, 1.0)),), "VISSL config (`RandomResizedCrop: 224`)"),
+        Row("head", "Linear 2048-4", "VISSL config (`mlp` 2048 -> 4)"),
+    ),
+)
+
+JIGSAW = Card(
+    method="Jigsaw",
+    page="jigsaw",
+    title="Jigsaw (ResNet-50, 2000 permutations)",
+    configs=("pretrain/jigsaw/jigsaw_8gpu_resnet50", "pretrain/jigsaw/jigsaw_64gpu_resnet50"),
+    sources=(
+        f"{VISSL}: `configs/config/pretrain/jigsaw/jigsaw_8gpu_resnet.yaml` (Goyal et al. "
+        "2019's ResNet-50 Jigsaw), `configs/config/pretrain/jigsaw/optimization/"
+        "bs32_4nodes.yaml`",
+    ),
+    rows=(
+        Row("optimizer", "sgd", "VISSL config"),
+        Row("OPTIMIZER.momentum", 0.9, "VISSL config", label="momentum"),
+        Row("OPTIMIZER.nesterov", False, "VISSL config", label="Nesterov"),
+        Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256 images)"),
+        Row("warmup_epochs", 5, "VISSL config (`lengths: [0.047619, ...]` of 105 epochs)"),
+        Row("warmup_start", 0.25, "VISSL config (linear from 0.025 to 0.1)"),
+        Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
+            "VISSL config (`multistep` at 30, 60, 90, 100)"),
+        Row("weight_decay", 1e-4, "VISSL config"),
+        Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
+        Row("batch_size", 256, "VISSL config (32 per GPU on 8 GPUs)",
+            ours={"jigsaw_64gpu_resnet50": 2048},
+            why="32 per GPU on 64 GPUs, the lr scaled linearly (0.8)."),
+        Row("epochs", 105, "VISSL config"),
+        Row(
+            "transforms",
+            ("Resize", "RandomHorizontalFlip", "RandomCrop", "RandomGrayscale", "ToTensor",
+             "Normalize", "ImgPatchesFromTensor", "ShuffleImgPatches"),
+            "VISSL config (256 px, flip, 255 px crop, grey p 0.66, 9 patches with jitter 21, "
+            "2000 permutations)",
+        ),
+        Row("DATA.TRAIN.TRANSFORMS.2.size", 255, "VISSL config", label="crop cut into patches"),
+        Row("DATA.TRAIN.TRANSFORMS.6.patch_jitter", 21, "VISSL config", label="patch jitter"),
+        Row(
+            "head",
+            "Linear 2048-1000, BN, ReLU → SiameseConcatView → Linear 9000-2000",
+            "VISSL config (`mlp` 2048 -> 1000 with BN and ReLU, `siamese_concat_view` of 9, "
+            "`mlp` 9000 -> 2000)",
+        ),
+    ),
+    notes=(
+        "VISSL's own auto-scaling would drop this warm-up on one node (its warm-up starts at "
+        "0.1 x (batch per node)/256 = the peak); the card keeps the schedule the config "
+        "writes, as ours runs it. VISSL updates it once per epoch, ours per step.",
+    ),
+)
+
+COLORIZATION = Card(
+    method="Colorization",
+    page="colorization",
+    title="Colorization (AlexNet): Zhang et al.'s training",
+    configs=(
+        "pretrain/colorization/colorization_8gpu_alexnet",
+        "pretrain/colorization/colorization_64gpu_alexnet",
+    ),
+    sources=(
+        "`richzhang/colorization` (`train/solver.prototxt` at `4aa459f`: Adam, `momentum 0.9`, "
+        "`momentum2 0.99`, `weight_decay 0.001`, `base_lr 3e-5`)",
+        "the Colorization paper (Zhang, Isola, Efros, ECCV 2016), Sec. 3.1: batch 40, "
+        "3e-5 to 200k iterations, 1e-5 to 375k, 3e-6 to 450k; Q = 313 in-gamut bins",
+        "VISSL ships no Colorization pretraining config (it converts the Caffe models)",
+    ),
+    rows=(
+        Row("optimizer", "adam", "`train/solver.prototxt` (`type: Adam`)"),
+        Row("OPTIMIZER.betas", (0.9, 0.99), "`train/solver.prototxt` (`momentum`, `momentum2`)",
+            label="betas"),
+        Row("weight_decay", 1e-3, "`train/solver.prototxt`"),
+        Row(
+            "lr",
+            Lr(3e-5, per=40, rule="none"),
+            "`train/solver.prototxt` `base_lr`; paper (batch 40)",
+            ours=Lr(3e-5, per=40, rule="sqrt"),
+            why="batch 320 (8 GPUs) or 1280 (64 GPUs): Adam's rate scaled by the square root of "
+            "the batch ratio (8.49e-5 and 1.70e-4).",
+        ),
+        Row("warmup_epochs", 0, "paper"),
+        Row(
+            "lr_schedule",
+            Sched("steps", milestones=(6, 12), gamma=1 / 3),
+            "paper: /3 at 200k and /10 at 375k of 450k iterations of 40 images (epochs 6.2 "
+            "and 11.7 of 14)",
+        ),
+        Row("batch_size", 40, "paper",
+            ours={"colorization_8gpu_alexnet": 320, "colorization_64gpu_alexnet": 1280},
+            why="40 images per GPU on 8 GPUs (Zhang et al.'s batch per GPU), 20 per GPU on 64."),
+        Row("epochs", 14, "paper (450k iterations of 40 images)"),
+    ),
+)
+
+PIRL = Card(
+    method="PIRL",
+    page="pirl",
+    title="PIRL (ResNet-50, jigsaw transform)",
+    configs=("pretrain/pirl/pirl_8gpu_resnet50", "pretrain/pirl/pirl_64gpu_resnet50"),
+    sources=(
+        f"{VISSL}: `configs/config/pretrain/pirl/pirl_jigsaw_4node_resnet50.yaml` (the PIRL "
+        "authors' recipe, Misra & van der Maaten, CVPR 2020), `pirl/epochs/epochs_200.yaml`",
+    ),
+    rows=(
+        Row("optimizer", "sgd", "VISSL config"),
+        Row("OPTIMIZER.momentum", 0.9, "VISSL config", label="momentum"),
+        Row("lr", Lr(0.03), "VISSL config (`base_value: 0.03` per 256; 0.12 at 1024)"),
+        Row("warmup_epochs", 0, "VISSL config"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.001), "VISSL config (cosine 0.12 to "
+            "0.00012)"),
+        Row("weight_decay", 1e-4, "VISSL config"),
+        Row("wd_exempt", ("bias", "norm"), "VISSL config (`regularize_bn`, `regularize_bias` "
+            "False)"),
+        Row("batch_size", 1024, "VISSL config (32 per GPU on 4 nodes x 8)",
+            ours={"pirl_8gpu_resnet50": 256},
+            why="32 per GPU on one node of 8 GPUs, the lr scaled linearly (0.03)."),
+        Row("epochs", 800, "VISSL config", ours={"pirl_8gpu_resnet50": 200},
+            why="VISSL's `pirl/epochs/epochs_200.yaml` length for the one-node run."),
+        Row("LOSS.nce_loss_with_memory.temperature", 0.07, "VISSL config", label="temperature"),
+        Row("LOSS.nce_loss_with_memory.negative_sampling_params.num_negatives", 32000,
+            "VISSL config", label="negatives"),
+        Row("LOSS.nce_loss_with_memory.loss_weights", (0.5, 0.5), "VISSL config",
+            label="loss weights (patches, image)"),
+        Row("LOSS.nce_loss_with_memory.memory_params.momentum", 0.5, "VISSL config",
+            label="memory momentum"),
+        Row(
+            "transforms",
+            ("ImgPilToPatchesAndImage", "ColorJitter", "ImgPilRandomPhotometric",
+             "RandomGrayscale", "RandomHorizontalFlip", "ToTensor", "Normalize"),
+            "VISSL config",
+        ),
+        Row(
+            "head",
+            "Linear 2048-128, SiameseConcatView, Linear 1152-128 | Linear 2048-128",
+            "VISSL config (patch head; image head)",
+        ),
+    ),
+)
+
+CLUSTERFIT = Card(
+    method="ClusterFit",
+    page="clusterfit",
+    title="ClusterFit step 2 (ResNet-50 on 16000 clusters)",
+    configs=(
+        "pretrain/clusterfit/clusterfit_8gpu_resnet50",
+        "pretrain/clusterfit/clusterfit_64gpu_resnet50",
+    ),
+    sources=(
+        f"{VISSL}: `configs/config/pretrain/clusterfit/clusterfit_resnet_8gpu_imagenet.yaml` "
+        "(step 2) and `cluster_features_resnet_8gpu_imagenet.yaml` (step 1: 16000 clusters)",
+    ),
+    rows=(
+        Row("optimizer", "sgd", "VISSL config"),
+        Row("OPTIMIZER.momentum", 0.9, "VISSL config", label="momentum"),
+        Row("OPTIMIZER.nesterov", False, "VISSL config", label="Nesterov"),
+        Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256)"),
+        Row("warmup_epochs", 0, "VISSL config (its warm-up is dropped by VISSL's auto-scaling "
+            "on one node)", ours={"clusterfit_64gpu_resnet50": 5},
+            why="batch 2048: Goyal et al.'s 5-epoch gradual warm-up from a quarter of the "
+            "peak."),
+        Row("warmup_start", 1.0, "VISSL config", ours={"clusterfit_64gpu_resnet50": 0.25},
+            why="the 64-GPU warm-up starts at a quarter of the peak."),
+        Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
+            "VISSL config (`multistep` at 30, 60, 90, 100)"),
+        Row("weight_decay", 1e-4, "VISSL config"),
+        Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
+        Row("batch_size", 256, "VISSL config", ours={"clusterfit_64gpu_resnet50": 2048},
+            why="32 per GPU on 64 GPUs, the lr scaled linearly (0.8)."),
+        Row("epochs", 105, "VISSL config"),
+        Row("crops", ((1, 224, (0.08, 1.0)),), "VISSL config"),
+        Row("head", "Linear 2048-16000", "VISSL config"),
+    ),
+)
+
+NPID = Card(
+    method="NPID",
+    page="npid",
+    title="NPID (ResNet-50, 200 epochs)",
+    configs=("pretrain/npid/npid_8gpu_resnet50", "pretrain/npid/npid_64gpu_resnet50"),
+    sources=(
+        "`zhirongw/lemniscate.pytorch` at `f7cfe29` (the NPID authors' code): `main.py` "
+        "(argparse defaults, `adjust_learning_rate`, transforms), `README.md`",
+        f"{VISSL}: `configs/config/pretrain/npid/npid_8gpu_resnet.yaml` (VISSL's ResNet-50 "
+        "NPID: the same optimisation, BN without weight decay, crops at 0.08-1, no grey)",
+    ),
+    rows=(
+        Row("optimizer", "sgd", "`main.py`"),
+        Row("OPTIMIZER.momentum", 0.9, "`main.py` `--momentum`", label="momentum"),
+        Row("lr", Lr(0.03), "`main.py` `--lr` (batch 256)"),
+        Row("warmup_epochs", 0, "`main.py` `adjust_learning_rate`"),
+        Row("lr_schedule", Sched("steps", milestones=(120, 160), gamma=0.1),
+            "`main.py` `adjust_learning_rate`"),
+        Row("weight_decay", 1e-4, "`main.py` `--weight-decay` (VISSL: 1e-4 too)"),
+        Row("wd_exempt", (), "`main.py`: SGD over `model.parameters()` (VISSL: none on BN)"),
+        Row("batch_size", 256, "`main.py` `-b`", ours={"npid_64gpu_resnet50": 1024},
+            why="16 per GPU on 64 GPUs, the lr scaled linearly."),
+        Row("epochs", 200, "`main.py` `--epochs`"),
+        Row("LOSS.nce_loss_with_memory.temperature", 0.07, "`main.py` `--nce-t`",
+            label="temperature"),
+        Row("LOSS.nce_loss_with_memory.negative_sampling_params.num_negatives", 4096,
+            "`main.py` `--nce-k`", label="negatives"),
+        Row("LOSS.nce_loss_with_memory.memory_params.momentum", 0.5, "`main.py` `--nce-m`",
+            label="memory momentum"),
+        Row("LOSS.nce_loss_with_memory.memory_params.embedding_dim", 128,
+            "`main.py` `--low-dim`", label="dim"),
+        Row("crops", ((1, 224, (0.2, 1.0)),), "`main.py` (`RandomResizedCrop(224, "
+            "scale=(0.2, 1.))`)"),
+        Row("head", "Linear 2048-128", "`main.py` (the ResNet's `fc` to `--low-dim`)"),
+    ),
+)
+
+BYOL_REPO = (
+    "`google-deepmind/deepmind-research` at `f5de0ed`: `byol/configs/byol.py` (the 300-epoch "
+    "presets: lr 0.3, weight decay 1e-6, EMA 0.99), `byol/main_loop.py` (batch 4096), "
+    "`byol/utils/schedules.py`, `byol/utils/networks.py` (`MLP`), `byol/byol_experiment.py` "
+    "(LARS and its filters), `byol/utils/dataset.py` (crops); `google-deepmind/dm-haiku` at "
+    "`f4d858a` `haiku/_src/nets/resnet.py` (`BlockV1`: the last BN of each block starts at 0)"
+)
+
+BYOL = Card(
+    method="BYOL",
+    page="byol",
+    title="BYOL (ResNet-50, 300 epochs)",
+    configs=("pretrain/byol/byol_8gpu_resnet50", "pretrain/byol/byol_64gpu_resnet50"),
+    sources=(BYOL_REPO,),
+    rows=(
+        Row("optimizer", "lars", "`byol_experiment.py` `_optimizer`"),
+        Row("OPTIMIZER.momentum", 0.9, "`configs/byol.py`", label="momentum"),
+        Row("trust_coefficient", 0.001, "`configs/byol.py` (`eta=1e-3`)"),
+        Row("trust_ratio_exempt", ("bias", "norm"), "`byol_experiment.py` "
+            "(`lars_adaptation_filter=exclude_bias_and_norm`)"),
+        Row("wd_exempt", ("bias", "norm"), "`byol_experiment.py` "
+            "(`weight_decay_filter=exclude_bias_and_norm`)"),
+        Row("lr", Lr(0.3), "`configs/byol.py` `_LR_PRESETS[300]`; `schedules.learning_schedule`"),
+        Row("warmup_epochs", 10, "`configs/byol.py` (`warmup_steps`)"),
+        Row("warmup_start", 0.0, "`schedules.learning_schedule`"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.0), "`schedules.learning_schedule`"),
+        Row("weight_decay", 1e-6, "`configs/byol.py` `_WD_PRESETS[300]`"),
+        Row("LOSS.byol_loss.momentum", 0.99, "`configs/byol.py` `_EMA_PRESETS[300]` (cosine to 1: "
+            "`schedules.target_ema`)", label="target EMA (start)"),
+        Row("batch_size", 4096, "`main_loop.py` `--batch_size`",
+            ours={"byol_8gpu_resnet50": 512},
+            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly."),
+        Row("epochs", 300, "`configs/byol.py` (the 300-epoch presets)"),
+        Row("crops", ((2, 224, (0.08, 1.0)),), "`utils/dataset.py` (`_decode_and_random_crop`: "
+            "area 0.08-1)"),
+        Row(
+            "head",
+            "Linear 2048-4096, BN, ReLU, Linear 4096-256 (no bias) → Linear 256-4096, BN, ReLU, "
+            "Linear 4096-256 (no bias)",
+            "`utils/networks.py` `MLP` (projector, predictor: `hk.Linear(with_bias=False)` "
+            "last)",
+        ),
+        Row("zero_init_residual", True, "haiku `BlockV1` (`batchnorm_2`: `scale_init=zeros`)"),
+    ),
+)
+
+SIMSIAM_REPO = (
+    "`facebookresearch/simsiam` at `a7bc177`: `main_simsiam.py` (argparse defaults, "
+    "`adjust_learning_rate`, `--fix-pred-lr`, transforms), `simsiam/builder.py` (projector, "
+    "predictor, `zero_init_residual`), `README.md` (the command: defaults plus `--fix-pred-lr`)"
+)
+
+SIMSIAM = Card(
+    method="SimSiam",
+    page="simsiam",
+    title="SimSiam (ResNet-50, 100 epochs, batch 512)",
+    configs=("pretrain/simsiam/simsiam_8gpu_resnet50", "pretrain/simsiam/simsiam_64gpu_resnet50"),
+    sources=(SIMSIAM_REPO,),
+    rows=(
+        Row("optimizer", "sgd", "`main_simsiam.py`", ours={"simsiam_64gpu_resnet50": "lars"},
+            why="batch 4096: the SimSiam paper trains its large batches with LARS (Sec. 4.1, "
+            "batch size)."),
+        Row("OPTIMIZER.momentum", 0.9, "`main_simsiam.py` `--momentum`", label="momentum"),
+        Row("lr", Lr(0.05), "`main_simsiam.py` (`init_lr = lr x batch / 256`)"),
+        Row("warmup_epochs", 0, "`main_simsiam.py` `adjust_learning_rate`"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.0), "`main_simsiam.py` "
+            "`adjust_learning_rate`"),
+        Row("lr_head_schedule", Sched("constant"), "`--fix-pred-lr` (README): the predictor "
+            "keeps the initial lr", label="predictor lr schedule"),
+        Row("weight_decay", 1e-4, "`main_simsiam.py` `--wd`"),
+        Row("wd_exempt", (), "`main_simsiam.py`: SGD over every parameter"),
+        Row("batch_size", 512, "`main_simsiam.py` `-b`", ours={"simsiam_64gpu_resnet50": 4096},
+            why="64 per GPU on 64 GPUs (the paper's largest batch, with LARS)."),
+        Row("epochs", 100, "`main_simsiam.py` `--epochs`"),
+        Row("crops", ((2, 224, (0.2, 1.0)),), "`main_simsiam.py` (`RandomResizedCrop(224, "
+            "scale=(0.2, 1.))`)"),
+        Row(
+            "head",
+            "Linear 2048-2048 (no bias), BN, ReLU, Linear 2048-2048 (no bias), BN, ReLU, "
+            "Linear 2048-2048 (no bias), BN (no affine) → Linear 2048-512 (no bias), BN, ReLU, "
+            "Linear 512-2048",
+            "`simsiam/builder.py` (the projector's last Linear has its bias frozen: no bias)",
+        ),
+        Row("zero_init_residual", True, "`simsiam/builder.py` (`zero_init_residual=True`)"),
+    ),
+)
+
+MOCO_V3_REPO = (
+    "`facebookresearch/moco-v3` at `c349e6e`: `main_moco.py` (argparse defaults, lr scaling, "
+    "`adjust_learning_rate`, `adjust_moco_momentum`, transforms), `moco/builder.py` "
+    "(`_build_mlp`), `moco/optimizer.py` (LARS: 1-D parameters excluded), `vits.py` (fixed "
+    "2-D sin-cos position embedding), `CONFIG.md` (the reference commands)"
+)
+
+
+def _moco_v3_resnet_rows() -> tuple[Row, ...]:
+    return (
+        Row("optimizer", "lars", "`main_moco.py` `--optimizer lars`"),
+        Row("OPTIMIZER.momentum", 0.9, "`moco/optimizer.py`", label="momentum"),
+        Row("trust_coefficient", 0.001, "`moco/optimizer.py`"),
+        Row("trust_ratio_exempt", ("bias", "norm"), "`moco/optimizer.py` (`p.ndim > 1` only)"),
+        Row("wd_exempt", ("bias", "norm"), "`moco/optimizer.py` (`p.ndim > 1` only)"),
+        Row("lr", Lr(0.6), "`main_moco.py` `--lr` (x batch / 256)"),
+        Row("warmup_epochs", 10, "`main_moco.py` `--warmup-epochs`"),
+        Row("warmup_start", 0.0, "`main_moco.py` `adjust_learning_rate`"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.0), "`main_moco.py` `adjust_learning_rate`"),
+        Row("weight_decay", 1e-6, "`main_moco.py` `--wd`"),
+        Row("batch_size", 4096, "`main_moco.py` `-b`", ours={"moco_v3_8gpu_resnet50": 1024},
+            why="128 per GPU on one node of 8 GPUs, the lr scaled linearly (2.4)."),
+        Row("epochs", 100, "`CONFIG.md` (ResNet-50, 100-epoch pre-training)"),
+        Row("LOSS.moco_v3_loss.temperature", 1.0, "`main_moco.py` `--moco-t`",
+            label="temperature"),
+        Row("LOSS.moco_v3_loss.momentum", 0.99, "`main_moco.py` `--moco-m` (`--moco-m-cos`: "
+            "cosine to 1)", label="momentum encoder (start)"),
+        Row("crops", ((2, 224, (0.2, 1.0)),), "`CONFIG.md` `--crop-min=.2`"),
+        Row(
+            "head",
+            "Linear 2048-4096 (no bias), BN, ReLU, Linear 4096-256 (no bias), BN (no affine) → "
+            "Linear 256-4096 (no bias), BN, ReLU, Linear 4096-256 (no bias)",
+            "`moco/builder.py` `MoCo_ResNet` (projector `last_bn=True`, predictor "
+            "`last_bn=False`)",
+        ),
+        Row("zero_init_residual", True, "`main_moco.py` (`zero_init_residual=True`)"),
+    )
+
+
+MOCO_V3_RESNET = Card(
+    method="MoCo v3, ResNet-50",
+    page="moco_v3",
+    title="MoCo v3 (ResNet-50, 100 epochs)",
+    configs=("pretrain/moco_v3/moco_v3_8gpu_resnet50", "pretrain/moco_v3/moco_v3_64gpu_resnet50"),
+    sources=(MOCO_V3_REPO,),
+    rows=_moco_v3_resnet_rows(),
+)
+
+
+def _moco_v3_vit_rows(batch: int, command: str) -> tuple[Row, ...]:
+    return (
+        Row("optimizer", "adamw", f"{command} `--optimizer=adamw`"),
+        Row("OPTIMIZER.betas", (0.9, 0.999), "`main_moco.py` (`torch.optim.AdamW` defaults)",
+            label="betas"),
+        Row("lr", Lr(1.5e-4), f"{command} `--lr=1.5e-4` (x batch / 256)"),
+        Row("warmup_epochs", 40, f"{command} `--warmup-epochs=40`"),
+        Row("warmup_start", 0.0, "`main_moco.py` `adjust_learning_rate`"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.0), "`main_moco.py` `adjust_learning_rate`"),
+        Row("weight_decay", 0.1, f"{command} `--weight-decay=.1`"),
+        Row("wd_exempt", (), "`main_moco.py`: AdamW over every parameter"),
+        Row("pos_embed", "sincos", "`vits.py` `build_2d_sincos_position_embedding` "
+            "(`requires_grad = False`)", label="position embedding"),
+        Row("MODEL.TRUNK.VISION_TRANSFORMERS.FREEZE_PATCH_EMBED", True,
+            f"{command} `--stop-grad-conv1`", label="patch projection frozen"),
+        Row("batch_size", batch, f"{command} `-b`"),
+        Row("epochs", 300, f"{command} `--epochs=300`"),
+        Row("LOSS.moco_v3_loss.temperature", 0.2, f"{command} `--moco-t=.2`",
+            label="temperature"),
+        Row("LOSS.moco_v3_loss.momentum", 0.99, "`main_moco.py` `--moco-m` (`--moco-m-cos`)",
+            label="momentum encoder (start)"),
+        Row("crops", ((2, 224, (0.08, 1.0)),), "`main_moco.py` `--crop-min` default 0.08"),
+        Row(
+            "head",
+            "Linear 384-4096 (no bias), BN, ReLU, Linear 4096-4096 (no bias), BN, ReLU, "
+            "Linear 4096-256 (no bias), BN (no affine) → Linear 256-4096 (no bias), BN, ReLU, "
+            "Linear 4096-256 (no bias), BN (no affine)",
+            "`moco/builder.py` `MoCo_ViT` (both `last_bn=True`)",
+        ),
+    )
+
+
+MOCO_V3_VIT_8 = Card(
+    method="MoCo v3, ViT-S/16 on one node",
+    page="moco_v3",
+    title="MoCo v3 (ViT-S/16, 300 epochs), the authors' 1-node 1024-batch setup",
+    configs=("pretrain/moco_v3/moco_v3_8gpu_vits16",),
+    sources=(MOCO_V3_REPO,),
+    rows=_moco_v3_vit_rows(1024, "`CONFIG.md` (ViT-Small, 1-node):"),
+)
+
+MOCO_V3_VIT_64 = Card(
+    method="MoCo v3, ViT-S/16",
+    page="moco_v3",
+    title="MoCo v3 (ViT-S/16, 300 epochs, batch 4096)",
+    configs=("pretrain/moco_v3/moco_v3_64gpu_vits16",),
+    sources=(MOCO_V3_REPO,),
+    rows=_moco_v3_vit_rows(4096, "`CONFIG.md` (ViT-Small, 4-node):"),
+)
+
+NNCLR = Card(
+    method="NNCLR",
+    page="nnclr",
+    title="NNCLR (ResNet-50, 1000 epochs)",
+    configs=("pretrain/nnclr/nnclr_8gpu_resnet50", "pretrain/nnclr/nnclr_64gpu_resnet50"),
+    sources=(
+        "the NNCLR paper (Dwibedi et al., ICCV 2021), Sec. 4 and Appendix A (no official "
+        "code): LARS, 0.3 x batch/256 with 10 warm-up epochs then cosine, weight decay 1e-6, "
+        "batch 4096, 1000 epochs, temperature 0.1, one support set of 98304, BYOL's views",
+        "`lightly-ai/lightly` `lightly/models/modules/heads.py` (`NNCLRProjectionHead`, "
+        "`NNCLRPredictionHead`, quoting the paper: every Linear followed by BN, every BN but "
+        "the last followed by ReLU)",
+    ),
+    rows=(
+        Row("optimizer", "lars", "paper"),
+        Row("trust_ratio_exempt", ("bias", "norm"), "paper (BYOL's LARS)"),
+        Row("wd_exempt", ("bias", "norm"), "paper (BYOL's LARS)"),
+        Row("lr", Lr(0.3), "paper"),
+        Row("warmup_epochs", 10, "paper"),
+        Row("warmup_start", 0.0, "paper"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.0), "paper"),
+        Row("weight_decay", 1e-6, "paper"),
+        Row("batch_size", 4096, "paper", ours={"nnclr_8gpu_resnet50": 512},
+            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly (0.6)."),
+        Row("epochs", 1000, "paper"),
+        Row("LOSS.nnclr_loss.temperature", 0.1, "paper", label="temperature"),
+        Row("LOSS.nnclr_loss.queue_size", 98304, "paper (one support set, searched by every "
+            "query)", label="support set"),
+        Row("crops", ((2, 224, (0.08, 1.0)),), "paper (BYOL's augmentations)"),
+        Row(
+            "head",
+            "Linear 2048-2048 (any bias), BN, ReLU, Linear 2048-2048 (any bias), BN, ReLU, "
+            "Linear 2048-256 (any bias), BN → Linear 256-4096 (any bias), BN, ReLU, "
+            "Linear 4096-256 (any bias)",
+            "paper / lightly `NNCLRProjectionHead` (hidden 2048, output 256) and "
+            "`NNCLRPredictionHead` (hidden 4096); a bias before a BN is immaterial",
+        ),
+    ),
+)
+
+DINO_REPO = (
+    "`facebookresearch/dino` at `7c446df`: `main_dino.py` (argparse defaults: the README's "
+    "'vanilla' ViT-S/16 run on one node of 8 GPUs, 100 epochs; `get_params_groups`; "
+    "`utils.clip_gradients`), `vision_transformer.py` (`DINOHead`), `README.md` ('Boosting DINO "
+    "performance': teacher 0.07 warmed up over 30 epochs; the ResNet-50 command)"
+)
+
+DINO_VIT = Card(
+    method="DINO, ViT-S/16",
+    page="dino",
+    title="DINO (ViT-S/16, one node of 8 GPUs, 100 epochs)",
+    configs=("pretrain/dino/dino_8gpu_vits16", "pretrain/dino/dino_64gpu_vits16"),
+    sources=(DINO_REPO,),
+    rows=(
+        Row("optimizer", "adamw", "`main_dino.py` `--optimizer`"),
+        Row("OPTIMIZER.betas", (0.9, 0.999), "`main_dino.py` (`torch.optim.AdamW` defaults)",
+            label="betas"),
+        Row("lr", Lr(0.0005), "`main_dino.py` `--lr` (x batch / 256)"),
+        Row("warmup_epochs", 10, "`main_dino.py` `--warmup_epochs`"),
+        Row("warmup_start", 0.0, "`utils.cosine_scheduler`"),
+        Row("lr_schedule", Sched("cosine", end=1e-6), "`main_dino.py` `--min_lr`"),
+        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "`main_dino.py` "
+            "`--weight_decay`, `--weight_decay_end`"),
+        Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups` (biases and 1-D "
+            "parameters)"),
+        Row("grad_clip", "per-parameter 3", "`main_dino.py` `--clip_grad 3.0`, "
+            "`utils.clip_gradients` (each parameter's gradient norm)"),
+        Row("batch_size", 512, "README (8 GPUs x `--batch_size_per_gpu 64`)",
+            ours={"dino_64gpu_vits16": 4096},
+            why="64 per GPU on 64 GPUs, the lr scaled linearly (DINO was tuned up to 1024)."),
+        Row("epochs", 100, "`main_dino.py` `--epochs`"),
+        Row("LOSS.dino_loss.momentum", 0.996, "`main_dino.py` `--momentum_teacher` (cosine to "
+            "1)", label="teacher momentum (start)"),
+        Row("LOSS.dino_loss.student_temp", 0.1, "`main_dino.py` `DINOLoss`",
+            label="student temperature"),
+        Row("LOSS.dino_loss.teacher_temp_min", 0.04, "`main_dino.py` `--warmup_teacher_temp`",
+            label="teacher temperature (start)"),
+        Row("LOSS.dino_loss.teacher_temp_max", 0.04, "`main_dino.py` `--teacher_temp`",
+            label="teacher temperature", ours=0.07,
+            why="the README's 'Boosting DINO performance' setting, the paper's ViT-S/16 one: "
+            "0.07, warmed up from 0.04 over 30 epochs."),
+        Row("epochs_of:LOSS.dino_loss.teacher_temp_warmup_iters", 0.0,
+            "`main_dino.py` `--warmup_teacher_temp_epochs`",
+            label="teacher temperature warm-up (epochs)", ours=30.0,
+            why="with the teacher temperature of 0.07 (see above)."),
+        Row("LOSS.dino_loss.ema_center", 0.9, "`main_dino.py` `DINOLoss` `center_momentum`",
+            label="center momentum"),
+        Row("epochs_of:MODEL.TEMP_FROZEN_PARAMS_ITER_MAP.0.1", 1.0,
+            "`main_dino.py` `--freeze_last_layer 1`", label="last layer frozen (epochs)"),
+        Row("MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE", 0.1,
+            "`main_dino.py` `--drop_path_rate`", label="drop path"),
+        Row(
+            "crops",
+            ((2, 224, (0.4, 1.0)), (8, 96, (0.05, 0.4))),
+            "`main_dino.py` `--global_crops_scale`, `--local_crops_number 8`, "
+            "`--local_crops_scale`",
+            ours=((2, 224, (0.4, 1.0)), (10, 96, (0.05, 0.4))),
+            why="the paper's 10 local crops (DINO paper, Sec. 4 / appendix: 2 x 224 + 10 x 96).",
+        ),
+        Row(
+            "head",
+            "Linear 384-2048, GELU, Linear 2048-2048, GELU, Linear 2048-256, "
+            "WNLinear 256-65536 (no bias)",
+            "`vision_transformer.py` `DINOHead` (`--out_dim 65536`, no BN, "
+            "`--norm_last_layer True`)",
+        ),
+    ),
+)
+
+DINO_RESNET = Card(
+    method="DINO, ResNet-50",
+    page="dino",
+    title="DINO (ResNet-50, the README's one-node command)",
+    configs=("pretrain/dino/dino_8gpu_resnet50",),
+    sources=(DINO_REPO,),
+    rows=(
+        Row("optimizer", "sgd", "README `--optimizer sgd`"),
+        Row("lr", Lr(0.03), "README `--lr 0.03` (x batch / 256)"),
+        Row("warmup_epochs", 10, "`main_dino.py` `--warmup_epochs`"),
+        Row("lr_schedule", Sched("cosine", end=1e-6), "`main_dino.py` `--min_lr`"),
+        Row("weight_decay", 1e-4, "README `--weight_decay 1e-4 --weight_decay_end 1e-4`"),
+        Row("grad_clip", "per-parameter 3", "`main_dino.py` `--clip_grad 3.0`"),
+        Row("batch_size", 512, "README (8 GPUs x 64)"),
+        Row("epochs", 100, "`main_dino.py` `--epochs`"),
+        Row("LOSS.dino_loss.teacher_temp_max", 0.04, "`main_dino.py` `--teacher_temp`",
+            label="teacher temperature"),
+        Row(
+            "crops",
+            ((2, 224, (0.14, 1.0)), (8, 96, (0.05, 0.14))),
+            "README `--global_crops_scale 0.14 1 --local_crops_scale 0.05 0.14`; "
+            "`--local_crops_number 8`",
+        ),
+    ),
+)
+
+IBOT_REPO = (
+    "`bytedance/ibot` at `da316d8`: `README.md` (the ViT-S/16 command: 2 nodes x 8 GPUs x 64, "
+    "800 epochs, `--teacher_temp 0.07 --warmup_teacher_temp_epochs 30 --norm_last_layer false "
+    "--shared_head true --out_dim 8192 --local_crops_number 10 --global_crops_scale 0.25 1 "
+    "--local_crops_scale 0.05 0.25 --pred_ratio 0 0.3 --pred_ratio_var 0 0.2`), `main_ibot.py` "
+    "(argparse defaults), `utils.py` (`clip_gradients`, `get_params_groups`)"
+)
+
+
+def _ibot_rows() -> tuple[Row, ...]:
+    return (
+        Row("optimizer", "adamw", "`main_ibot.py` `--optimizer`"),
+        Row("lr", Lr(0.0005), "`main_ibot.py` `--lr` (x batch / 256)"),
+        Row("warmup_epochs", 10, "`main_ibot.py` `--warmup_epochs`"),
+        Row("lr_schedule", Sched("cosine", end=1e-6), "`main_ibot.py` `--min_lr`"),
+        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "`main_ibot.py` "
+            "`--weight_decay`, `--weight_decay_end`"),
+        Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups`"),
+        Row("grad_clip", "per-parameter 3", "`main_ibot.py` `--clip_grad 3.0`, "
+            "`utils.clip_gradients`"),
+        Row("batch_size", 1024, "README (16 GPUs x 64)", ours=512,
+            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly."),
+        Row("epochs", 800, "README `--epochs 800`", ours=100,
+            why="a 100-epoch run for one node (the iBOT paper reports ViT-S/16 at 100 epochs "
+            "too)."),
+        Row("LOSS.ibot_loss.teacher_momentum", 0.996, "`main_ibot.py` `--momentum_teacher`",
+            label="teacher momentum (start)"),
+        Row("LOSS.ibot_loss.teacher_temp", 0.07, "README `--teacher_temp 0.07`",
+            label="teacher temperature"),
+        Row("LOSS.ibot_loss.warmup_teacher_temp_epochs", 30,
+            "README `--warmup_teacher_temp_epochs 30`", label="teacher temperature warm-up"),
+        Row("LOSS.ibot_loss.teacher_patch_temp", 0.07, "`main_ibot.py` `--teacher_patch_temp`",
+            label="patch teacher temperature"),
+        Row("LOSS.ibot_loss.lambda1", 1.0, "`main_ibot.py` `--lambda1`", label="lambda1"),
+        Row("LOSS.ibot_loss.lambda2", 1.0, "`main_ibot.py` `--lambda2`", label="lambda2"),
+        Row("MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE", 0.1, "`main_ibot.py` "
+            "`--drop_path`", label="drop path"),
+        Row(
+            "crops",
+            ((2, 224, (0.25, 1.0)), (10, 96, (0.05, 0.25))),
+            "README `--local_crops_number 10 --global_crops_scale 0.25 1 --local_crops_scale "
+            "0.05 0.25`",
+        ),
+    )
+
+
+IBOT = Card(
+    method="iBOT",
+    page="ibot",
+    title="iBOT (ViT-S/16, 800 epochs, batch 1024)",
+    configs=("pretrain/ibot/ibot_8gpu_vits16",),
+    sources=(IBOT_REPO,),
+    rows=_ibot_rows(),
+)
+
+DINOV2_REPO = (
+    "`facebookresearch/dinov2` at `b8931f7`: `dinov2/configs/ssl_default_config.yaml` and "
+    "`dinov2/configs/train/vitl16_short.yaml` (the ImageNet-1k recipe: ViT-L/16, 64 per GPU "
+    "on 32 GPUs, 100 'epochs' of 1250 iterations), `dinov2/utils/param_groups.py`, "
+    "`dinov2/train/train.py` (clipping per submodule)"
+)
+
+DINOV2 = Card(
+    method="DINOv2",
+    page="dinov2",
+    title="DINOv2 (ImageNet-1k, `vitl16_short`)",
+    configs=("pretrain/dinov2/dinov2_8gpu_vitb16",),
+    sources=(DINOV2_REPO,),
+    rows=(
+        Row("optimizer", "adamw", "`ssl_default_config.yaml` (`adamw_beta1/2`)"),
+        Row("OPTIMIZER.betas", (0.9, 0.999), "`ssl_default_config.yaml`", label="betas"),
+        Row("lr", Lr(0.004, per=1024, rule="sqrt"), "`ssl_default_config.yaml` (`base_lr`, "
+            "`scaling_rule: sqrt_wrt_1024`)"),
+        Row("warmup_epochs", 10, "`ssl_default_config.yaml` `warmup_epochs`"),
+        Row("lr_schedule", Sched("cosine", end=1e-6), "`ssl_default_config.yaml` `min_lr`"),
+        Row("weight_decay", Sched("cosine", start=0.04, end=0.4),
+            "`ssl_default_config.yaml` `weight_decay`, `weight_decay_end`"),
+        Row("wd_exempt", ("bias", "gamma", "norm"), "`utils/param_groups.py` (bias, norm, "
+            "layer-scale gamma)"),
+        Row("OPTIMIZER.layer_wise_lr_decay.decay", 0.9, "`ssl_default_config.yaml` "
+            "`layerwise_decay`", label="layer-wise lr decay"),
+        Row("grad_clip", "per-submodule 3", "`ssl_default_config.yaml` `clip_grad`; "
+            "`train/train.py` (backbone, DINO head, iBOT head clipped apart)"),
+        Row("LOSS.dinov2_loss.momentum_teacher", 0.992, "`ssl_default_config.yaml`",
+            label="teacher momentum (start)"),
+        Row("LOSS.dinov2_loss.teacher_temp", 0.07, "`ssl_default_config.yaml`",
+            label="teacher temperature"),
+        Row("LOSS.dinov2_loss.koleo_loss_weight", 0.1, "`ssl_default_config.yaml`",
+            label="KoLeo weight"),
+        Row("LOSS.dinov2_loss.centering", "centering", "`ssl_default_config.yaml`",
+            label="centering"),
+        Row(
+            "crops",
+            ((2, 224, (0.32, 1.0)), (8, 96, (0.05, 0.32))),
+            "`ssl_default_config.yaml` `crops`",
+        ),
+        Row("batch_size", 2048, "`vitl16_short.yaml` (64 per GPU) on the README's 4 nodes of 8 "
+            "GPUs", ours=512, why="64 per GPU on one node of 8 GPUs, the lr scaled by the "
+            "square root of the batch, DINOv2's rule."),
+        Row("epochs", 200, "`ssl_default_config.yaml` (100 'epochs' of `OFFICIAL_EPOCH_LENGTH: "
+            "1250` iterations at batch 2048 = 200 passes over ImageNet-1k)"),
+    ),
+)
+
+MAE_REPO = (
+    "`facebookresearch/mae` at `efb2a80`: `PRETRAIN.md` (the command: 64 per GPU on 64 GPUs, "
+    "`--norm_pix_loss --mask_ratio 0.75 --epochs 800 --warmup_epochs 40 --blr 1.5e-4 "
+    "--weight_decay 0.05`; ViT-B: `--model mae_vit_base_patch16`), `main_pretrain.py` "
+    "(AdamW betas, `add_weight_decay`, transforms), `util/lr_sched.py`, `models_mae.py`"
+)
+
+
+def _mae_rows() -> tuple[Row, ...]:
+    return (
+        Row("optimizer", "adamw", "`main_pretrain.py`"),
+        Row("OPTIMIZER.betas", (0.9, 0.95), "`main_pretrain.py`", label="betas"),
+        Row("lr", Lr(1.5e-4), "`PRETRAIN.md` `--blr 1.5e-4` (x batch / 256)"),
+        Row("warmup_epochs", 40, "`PRETRAIN.md` `--warmup_epochs 40`"),
+        Row("warmup_start", 0.0, "`util/lr_sched.py`"),
+        Row("lr_schedule", Sched("cosine", end=0.0), "`util/lr_sched.py` (`--min_lr 0`)"),
+        Row("weight_decay", 0.05, "`PRETRAIN.md`"),
+        Row("wd_exempt", ("bias", "norm"), "`main_pretrain.py` (timm `add_weight_decay`: "
+            "biases and 1-D parameters)"),
+        Row("pos_embed", "sincos", "`models_mae.py` (fixed 2-D sin-cos, `requires_grad=False`)",
+            label="position embedding"),
+        Row("grad_clip", "none", "`main_pretrain.py`"),
+        Row("batch_size", 4096, "`PRETRAIN.md` (64 x 8 nodes x 8 GPUs)"),
+        Row("epochs", 800, "`PRETRAIN.md` `--epochs 800`"),
+        Row("transform:RandomPatchMasking.mask_ratio", 0.75, "`PRETRAIN.md` `--mask_ratio`",
+            label="mask ratio"),
+        Row("LOSS.mae_loss.norm_pix_loss", True, "`PRETRAIN.md` `--norm_pix_loss`",
+            label="normalised pixels"),
+        Row("crops", ((1, 224, (0.2, 1.0)),), "`main_pretrain.py` (`RandomResizedCrop(224, "
+            "scale=(0.2, 1.0))`)"),
+        Row("MODEL.HEAD.PARAMS.0.1.decoder_dim", 512, "`models_mae.py` (`decoder_embed_dim`)",
+            label="decoder width"),
+        Row("MODEL.HEAD.PARAMS.0.1.decoder_depth", 8, "`models_mae.py`", label="decoder depth"),
+        Row("MODEL.HEAD.PARAMS.0.1.decoder_num_heads", 16, "`models_mae.py`",
+            label="decoder heads"),
+    )
+
+
+MAE = Card(
+    method="MAE",
+    page="mae",
+    title="MAE (ViT-B/16, 800 epochs)",
+    configs=("pretrain/mae/mae_8gpu_vitb16",),
+    sources=(MAE_REPO,),
+    rows=_mae_rows(),
+)
+
+IJEPA_REPO = (
+    "`facebookresearch/ijepa` at `52c1ae9`: `configs/in1k_vith14_ep300.yaml` (the only "
+    "ImageNet-1k config: ViT-H/14, 16 GPUs x 128, 300 epochs), `src/train.py`, "
+    "`src/helper.py` (`init_opt`), `src/models/vision_transformer.py`"
+)
+
+IJEPA = Card(
+    method="I-JEPA",
+    page="ijepa",
+    title="I-JEPA (`in1k_vith14_ep300`)",
+    configs=("pretrain/ijepa/ijepa_8gpu_vitb16",),
+    sources=(IJEPA_REPO,),
+    rows=(
+        Row("optimizer", "adamw", "`src/helper.py` `init_opt`"),
+        Row("lr", Lr(0.001, per=2048, rule="none"), "the config `optimization.lr` (not scaled)"),
+        Row("warmup_epochs", 40, "the config `optimization.warmup`"),
+        Row("warmup_start", 0.2, "the config `start_lr: 0.0002` (of 0.001)"),
+        Row("lr_schedule", Sched("cosine", end=1e-6), "the config `final_lr`"),
+        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "the config `weight_decay`, "
+            "`final_weight_decay`"),
+        Row("wd_exempt", ("bias", "norm"), "`src/helper.py` `init_opt` (biases and 1-D)"),
+        Row("pos_embed", "sincos", "`src/models/vision_transformer.py` (fixed sin-cos)",
+            label="position embedding"),
+        Row("grad_clip", "none", "`src/train.py`"),
+        Row("batch_size", 2048, "the config (`batch_size: 128` on 16 GPUs)"),
+        Row("epochs", 300, "the config `optimization.epochs`"),
+        Row("LOSS.ijepa_loss.momentum", 0.996, "the config `ema: [0.996, 1.0]` (linear)",
+            label="target EMA (start)"),
+        Row("crops", ((1, 224, (0.3, 1.0)),), "the config `crop_scale`"),
+        Row("MODEL.HEAD.PARAMS.0.1.predictor_dim", 384, "the config `pred_emb_dim`",
+            label="predictor width"),
+        Row("MODEL.HEAD.PARAMS.0.1.depth", 12, "the config `pred_depth`",
+            label="predictor depth"),
+    ),
+)
+
+MSN_REPO = (
+    "`facebookresearch/msn` at `4388dc1`: `configs/pretrain/msn_vits16.yaml` (64 per GPU; "
+    "the README runs it on 16 GPUs), `src/msn_train.py` (`init_opt`, schedules, clipping), "
+    "`src/data_manager.py` (crop scales)"
+)
+
+MSN = Card(
+    method="MSN",
+    page="msn",
+    title="MSN (ViT-S/16, `msn_vits16`)",
+    configs=("pretrain/msn/msn_8gpu_vits16",),
+    sources=(MSN_REPO,),
+    rows=(
+        Row("optimizer", "adamw", "`src/msn_train.py` `init_opt`"),
+        Row("lr", Lr(0.001, per=1024, rule="none"), "the config `lr` (not scaled)"),
+        Row("warmup_epochs", 15, "the config `warmup`"),
+        Row("warmup_start", 0.2, "the config `start_lr: 0.0002` (of 0.001)"),
+        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "the config `weight_decay`, "
+            "`final_weight_decay`"),
+        Row("wd_exempt", ("bias", "norm", "prototypes"), "`init_opt` (bias, bn and 1-D "
+            "parameters; the prototypes)"),
+        Row("grad_clip", "encoder-only 3", "the config `clip_grad: 3.0`; `msn_train.py` clips "
+            "`encoder.parameters()` (not the prototypes)"),
+        Row("batch_size", 1024, "the config (64 per GPU) on the README's 16 GPUs", ours=512,
+            why="64 per GPU on one node of 8 GPUs (the lr is not scaled, as in MSN)."),
+        Row("epochs", 800, "the config `epochs`"),
+        Row("LOSS.msn_loss.temperature", 0.1, "the config `temperature`", label="temperature"),
+        Row("LOSS.msn_loss.target_temperature", 0.025, "the config `start_sharpen: 0.25` x 0.1",
+            label="target temperature"),
+        Row("LOSS.msn_loss.me_max_weight", 1.0, "the config `memax_weight`",
+            label="me-max weight"),
+        Row("LOSS.msn_loss.use_sinkhorn", True, "the config `use_sinkhorn`", label="Sinkhorn"),
+        Row("LOSS.msn_loss.momentum", 0.996, "`msn_train.py` (`_start_m`)",
+            label="target momentum (start)"),
+        Row("MODEL.HEAD.PARAMS.0.1.num_prototypes", 1024, "the config `num_proto`",
+            label="prototypes"),
+        Row(
+            "crops",
+            ((2, 224, (0.3, 1.0)), (10, 96, (0.05, 0.3))),
+            "the config (`rand_views: 1` + the target view, `focal_views: 10`); "
+            "`data_manager.py` (`rand_crop_scale`, `focal_crop_scale`)",
+        ),
+    ),
+)
+
+
+CARDS: tuple[Card, ...] = (
+    SIMCLR,
+    SIMCLR_MULTICROP,
+    MOCO_V2,
+    SWAV,
+    BARLOW_TWINS,
+    VICREG_100,
+    VICREG_1000,
+    DEEPCLUSTER_V2,
+    ROTNET,
+    JIGSAW,
+    COLORIZATION,
+    PIRL,
+    CLUSTERFIT,
+    NPID,
+    BYOL,
+    SIMSIAM,
+    MOCO_V3_RESNET,
+    MOCO_V3_VIT_8,
+    MOCO_V3_VIT_64,
+    NNCLR,
+    DINO_VIT,
+    DINO_RESNET,
+    IBOT,
+    DINOV2,
+    MAE,
+    IJEPA,
+    MSN,
+)
 
 if __name__ == "__main__":
     for path in write_pages():
