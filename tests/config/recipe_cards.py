@@ -827,7 +827,11 @@ JIGSAW = Card(
         Row("OPTIMIZER.nesterov", False, "VISSL config", label="Nesterov"),
         Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256 images)"),
         Row("warmup_epochs", 5, "VISSL config (`lengths: [0.047619, ...]` of 105 epochs)"),
-        Row("warmup_start", 0.25, "VISSL config (linear from 0.025 to 0.1)"),
+        Row("warmup_start", 0.25, "VISSL config (linear from 0.025 to 0.1; its "
+            "`optimization/bs32_4nodes.yaml`: 0.1 to 0.4)",
+            ours={"jigsaw_64gpu_resnet50": 0.125},
+            why="VISSL's multi-node warm-up start, 0.1 x (images per node)/256 = 0.1, kept on "
+            "8 nodes, where it is 1/8 of the peak 0.8 (on VISSL's own 4 nodes it is 1/4)."),
         Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
             "VISSL config (`multistep` at 30, 60, 90, 100)"),
         Row("weight_decay", 1e-4, "VISSL config"),
@@ -965,18 +969,22 @@ CLUSTERFIT = Card(
         Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256)"),
         Row("warmup_epochs", 0, "VISSL config (its warm-up is dropped by VISSL's auto-scaling "
             "on one node)", ours={"clusterfit_64gpu_resnet50": 5},
-            why="batch 2048: Goyal et al.'s 5-epoch gradual warm-up from a quarter of the "
-            "peak."),
+            why="batch 4096: Goyal et al.'s 5-epoch gradual warm-up from a quarter of the "
+            "peak, as VISSL's Jigsaw config writes it."),
         Row("warmup_start", 1.0, "VISSL config", ours={"clusterfit_64gpu_resnet50": 0.25},
             why="the 64-GPU warm-up starts at a quarter of the peak."),
         Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
             "VISSL config (`multistep` at 30, 60, 90, 100)"),
         Row("weight_decay", 1e-4, "VISSL config"),
         Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
-        Row("batch_size", 256, "VISSL config", ours={"clusterfit_64gpu_resnet50": 2048},
-            why="32 per GPU on 64 GPUs, the lr scaled linearly (0.8)."),
+        Row("batch_size", 256, "VISSL config", ours={"clusterfit_64gpu_resnet50": 4096},
+            why="64 per GPU on 64 GPUs, the lr scaled linearly (1.6)."),
         Row("epochs", 105, "VISSL config"),
         Row("crops", ((1, 224, (0.08, 1.0)),), "VISSL config"),
+        Row("transform:ColorJitter.hue", 0.2, "VISSL config (`hue: [-0.2, 0.2]`; brightness, "
+            "contrast, saturation [0.6, 1.4])", label="colour jitter hue"),
+        Row("transform:ColorJitter.brightness", 0.4, "VISSL config (`[0.6, 1.4]`)",
+            label="colour jitter brightness"),
         Row("head", "Linear 2048-16000", "VISSL config"),
     ),
 )
