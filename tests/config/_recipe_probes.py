@@ -292,15 +292,14 @@ def crops(r: Recipe) -> tuple[tuple[int, int, tuple[float, float]], ...]:
 
 
 def grad_clip(r: Recipe) -> str:
-    """``none``, or ``<mode> <max norm>`` (``global``: one norm over every gradient)."""
+    """``none``, or ``<MODE> <MAX_NORM>`` (``global``: one norm over every gradient;
+    ``per_parameter``; ``per_module``), then ``excluding <names>`` for EXCLUDE_PARAMS."""
     clip = r.cfg.MODEL.GRAD_CLIP
     if not clip.USE_GRAD_CLIP:
         return "none"
-    mode = "global"
-    for key in ("MODE", "CLIP_MODE", "SCOPE"):
-        if key in clip:
-            mode = str(clip[key])
-    return f"{mode} {float(clip.MAX_NORM):g}"
+    text = f"{clip.get('MODE', 'global')} {float(clip.MAX_NORM):g}"
+    excluded = list(clip.get("EXCLUDE_PARAMS", []) or [])
+    return text + (f" excluding {', '.join(map(str, excluded))}" if excluded else "")
 
 
 def zero_init_residual(r: Recipe) -> bool:

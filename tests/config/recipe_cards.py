@@ -20,7 +20,7 @@ Fields (see ``tests/config/_recipe_probes.py`` for how each is read from our con
 - ``weight_decay`` (a number, or a :class:`Sched`), ``wd_exempt`` (``norm`` layers,
   ``bias`` es, named parameters), ``trust_ratio_exempt``, ``trust_coefficient``;
 - ``batch_size`` (global, images), ``epochs``, ``crops`` (``((number, size, (min scale, max
-  scale)), ...)``), ``grad_clip`` (``none`` or ``<mode> <max norm>``), ``zero_init_residual``;
+  scale)), ...)``), ``grad_clip`` (``none`` or ``<mode> <max norm>``, modes as ``MODEL.GRAD_CLIP.MODE``), ``zero_init_residual``;
 - ``head``: the layers of the built heads (``Linear 2048-2048, BN, ReLU, ...``; ``BN (no
   affine)``; ``→`` marks where one of our head modules ends and the next begins, ``|``
   separates parallel heads);
@@ -1277,7 +1277,7 @@ DINO_VIT = Card(
             "`--weight_decay`, `--weight_decay_end`"),
         Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups` (biases and 1-D "
             "parameters)"),
-        Row("grad_clip", "per-parameter 3", "`main_dino.py` `--clip_grad 3.0`, "
+        Row("grad_clip", "per_parameter 3", "`main_dino.py` `--clip_grad 3.0`, "
             "`utils.clip_gradients` (each parameter's gradient norm)"),
         Row("batch_size", 512, "README (8 GPUs x `--batch_size_per_gpu 64`)",
             ours={"dino_64gpu_vits16": 4096},
@@ -1333,7 +1333,7 @@ DINO_RESNET = Card(
         Row("warmup_epochs", 10, "`main_dino.py` `--warmup_epochs`"),
         Row("lr_schedule", Sched("cosine", end=1e-6), "`main_dino.py` `--min_lr`"),
         Row("weight_decay", 1e-4, "README `--weight_decay 1e-4 --weight_decay_end 1e-4`"),
-        Row("grad_clip", "per-parameter 3", "`main_dino.py` `--clip_grad 3.0`"),
+        Row("grad_clip", "per_parameter 3", "`main_dino.py` `--clip_grad 3.0`"),
         Row("batch_size", 512, "README (8 GPUs x 64)"),
         Row("epochs", 100, "`main_dino.py` `--epochs`"),
         Row("LOSS.dino_loss.teacher_temp_max", 0.04, "`main_dino.py` `--teacher_temp`",
@@ -1365,7 +1365,7 @@ def _ibot_rows() -> tuple[Row, ...]:
         Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "`main_ibot.py` "
             "`--weight_decay`, `--weight_decay_end`"),
         Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups`"),
-        Row("grad_clip", "per-parameter 3", "`main_ibot.py` `--clip_grad 3.0`, "
+        Row("grad_clip", "per_parameter 3", "`main_ibot.py` `--clip_grad 3.0`, "
             "`utils.clip_gradients`"),
         Row("batch_size", 1024, "README (16 GPUs x 64)", ours=512,
             why="64 per GPU on one node of 8 GPUs, the lr scaled linearly."),
@@ -1428,7 +1428,7 @@ DINOV2 = Card(
             "layer-scale gamma)"),
         Row("OPTIMIZER.layer_wise_lr_decay.decay", 0.9, "`ssl_default_config.yaml` "
             "`layerwise_decay`", label="layer-wise lr decay"),
-        Row("grad_clip", "per-submodule 3", "`ssl_default_config.yaml` `clip_grad`; "
+        Row("grad_clip", "per_module 3", "`ssl_default_config.yaml` `clip_grad`; "
             "`train/train.py` (backbone, DINO head, iBOT head clipped apart)"),
         Row("LOSS.dinov2_loss.momentum_teacher", 0.992, "`ssl_default_config.yaml`",
             label="teacher momentum (start)"),
@@ -1555,7 +1555,7 @@ MSN = Card(
             "`final_weight_decay`"),
         Row("wd_exempt", ("bias", "norm", "prototypes"), "`init_opt` (bias, bn and 1-D "
             "parameters; the prototypes)"),
-        Row("grad_clip", "encoder-only 3", "the config `clip_grad: 3.0`; `msn_train.py` clips "
+        Row("grad_clip", "global 3 excluding prototypes", "the config `clip_grad: 3.0`; `msn_train.py` clips "
             "`encoder.parameters()` (not the prototypes)"),
         Row("batch_size", 1024, "the config (64 per GPU) on the README's 16 GPUs", ours=512,
             why="64 per GPU on one node of 8 GPUs (the lr is not scaled, as in MSN)."),
