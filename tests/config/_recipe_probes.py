@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tests.config.recipe_cards import Lr, Sched
+from tests.config.recipe_cards import Sched
 from vissl.models.base_ssl_model import parse_head_params
 from vissl.models.heads import get_model_head
 from vissl.optimizers.param_scheduler import build_param_schedulers
@@ -82,9 +82,7 @@ class Recipe:
     def _curve(self, name: str) -> list[float]:
         sched = self.schedules.scheduler(name)
         n = self.epochs
-        return [float(sched(min(e / n, MAX_WHERE))) for e in range(n)] + [
-            float(sched(MAX_WHERE))
-        ]
+        return [float(sched(min(e / n, MAX_WHERE))) for e in range(n)] + [float(sched(MAX_WHERE))]
 
     # ------------------------------------------------------------------ heads
     @functools.cached_property
@@ -221,6 +219,13 @@ def wd_exempt(r: Recipe) -> tuple[str, ...]:
         if not opt.regularize_bias:
             exempt.add("bias")
         exempt |= {str(p) for p in opt.get("non_regularized_parameters", []) or []}
+    # names that pick BatchNorm / norm layers out are the ``norm`` category (MSN's ``fc.bn``)
+    named_norms = {e for e in exempt if e not in ("norm", "bias") and ("bn" in e or "norm" in e)}
+    if named_norms:
+        exempt = (exempt - named_norms) | {"norm"}
+    # a frozen (sin-cos) position embedding gets no update: its weight decay is moot
+    if "pos_embed" in exempt and pos_embed(r) != "learned":
+        exempt.discard("pos_embed")
     return tuple(sorted(exempt))
 
 
@@ -336,7 +341,9 @@ def _layer(m: nn.Module) -> str | None:
             weight = getattr(m, "weight_v", None)
         out_f, in_f = (int(weight.shape[0]), int(weight.shape[1])) if weight is not None else (0, 0)
         bias = getattr(m, "bias", None) is not None
-        kind = "WNLinear" if type(m).__name__ == "WeightNormLinear" or _weight_normed(m) else "Linear"
+        kind = (
+            "WNLinear" if type(m).__name__ == "WeightNormLinear" or _weight_normed(m) else "Linear"
+        )
         return f"{kind} {in_f}-{out_f}" + ("" if bias else " (no bias)")
     if isinstance(m, nn.modules.batchnorm._BatchNorm):
         return "BN" if m.affine else "BN (no affine)"
@@ -412,4 +419,4 @@ def read(r: Recipe, field: str) -> Any:
     return config_value(r, field)
 
 
-__all__ = ["IMAGENET_TRAIN_IMAGES", "PROBES", "Recipe", "Lr", "read", "recipe"]
+__all__ = ["IMAGENET_TRAIN_IMAGES", "PROBES", "Recipe", "read", "recipe"]

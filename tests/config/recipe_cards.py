@@ -332,6 +332,7 @@ _SIMCLR_ROWS = (
     Row("zero_init_residual", False, "`resnet.py` (BN scales initialised at 1)"),
 )
 
+
 def _replace(rows: tuple[Row, ...], *new: Row) -> tuple[Row, ...]:
     """``rows`` with each row of ``new`` in place of the row of the same field."""
     by_field = {r.field: r for r in new}
@@ -408,8 +409,11 @@ MOCO_V2 = Card(
     rows=(
         Row("optimizer", "sgd", "`main_moco.py`: `torch.optim.SGD`"),
         Row("OPTIMIZER.momentum", 0.9, "`main_moco.py` `--momentum`", label="momentum"),
-        Row("lr", Lr(0.03), "`README.md` (`--lr 0.03 --batch-size 256`; linear scaling for "
-            "other batch sizes)"),
+        Row(
+            "lr",
+            Lr(0.03),
+            "`README.md` (`--lr 0.03 --batch-size 256`; linear scaling for other batch sizes)",
+        ),
         Row("warmup_epochs", 0, "`main_moco.py` `adjust_learning_rate`"),
         Row(
             "lr_schedule",
@@ -470,8 +474,9 @@ SWAV = Card(
     configs=("pretrain/swav/swav_8gpu_resnet", "pretrain/swav/swav_64gpu_resnet"),
     sources=(SWAV_REPO,),
     rows=(
-        Row("optimizer", "larc", "`main_swav.py`: `LARC(SGD, trust_coefficient=0.001, "
-            "clip=False)`"),
+        Row(
+            "optimizer", "larc", "`main_swav.py`: `LARC(SGD, trust_coefficient=0.001, clip=False)`"
+        ),
         Row("OPTIMIZER.momentum", 0.9, "`main_swav.py`", label="momentum"),
         Row("trust_coefficient", 0.001, "`main_swav.py`"),
         Row("lr", Lr(4.8, per=4096), "the script: `--base_lr 4.8` at batch 4096"),
@@ -483,9 +488,13 @@ SWAV = Card(
             why="batch 512 on one node: like the authors' small-batch script "
             "(`swav_400ep_bs256_pretrain.sh`, `--warmup_epochs 0`), a cosine from the peak.",
         ),
-        Row("warmup_start", 0.3 / 4.8, "the script: `--start_warmup 0.3` (of 4.8)",
+        Row(
+            "warmup_start",
+            0.3 / 4.8,
+            "the script: `--start_warmup 0.3` (of 4.8)",
             ours={"swav_8gpu_resnet": 1.0},
-            why="no warm-up at batch 512 (see the warm-up epochs)."),
+            why="no warm-up at batch 512 (see the warm-up epochs).",
+        ),
         Row(
             "lr_schedule",
             Sched("cosine", end_rel=0.001),
@@ -511,10 +520,18 @@ SWAV = Card(
         ),
         Row("LOSS.swav_loss.temperature", 0.1, "the script: `--temperature`", label="temperature"),
         Row("LOSS.swav_loss.epsilon", 0.05, "the script: `--epsilon`", label="Sinkhorn epsilon"),
-        Row("LOSS.swav_loss.num_iters", 3, "the script: `--sinkhorn_iterations`",
-            label="Sinkhorn iterations"),
-        Row("LOSS.swav_loss.crops_for_assign", (0, 1), "the script: `--crops_for_assign`",
-            label="crops for assignment"),
+        Row(
+            "LOSS.swav_loss.num_iters",
+            3,
+            "the script: `--sinkhorn_iterations`",
+            label="Sinkhorn iterations",
+        ),
+        Row(
+            "LOSS.swav_loss.crops_for_assign",
+            (0, 1),
+            "the script: `--crops_for_assign`",
+            label="crops for assignment",
+        ),
         Row(
             "LOSS.swav_loss.queue.queue_length",
             0,
@@ -543,8 +560,11 @@ SWAV = Card(
             "script's 5005 is one epoch at 256)",
             label="prototypes frozen (epochs)",
         ),
-        Row("zero_init_residual", False, "`main_swav.py` / `src/resnet50.py` "
-            "(`zero_init_residual=False`)"),
+        Row(
+            "zero_init_residual",
+            False,
+            "`main_swav.py` / `src/resnet50.py` (`zero_init_residual=False`)",
+        ),
     ),
 )
 
@@ -572,8 +592,11 @@ BARLOW_TWINS = Card(
         Row("optimizer", "lars", "`main.py` `LARS`"),
         Row("OPTIMIZER.momentum", 0.9, "`main.py` `LARS(momentum=0.9)`", label="momentum"),
         Row("trust_coefficient", 0.001, "`main.py` `LARS(eta=0.001)`"),
-        Row("trust_ratio_exempt", ("bias", "norm"), "`main.py` (`lars_adaptation_filter`: "
-            "`p.ndim == 1`)"),
+        Row(
+            "trust_ratio_exempt",
+            ("bias", "norm"),
+            "`main.py` (`lars_adaptation_filter`: `p.ndim == 1`)",
+        ),
         Row("wd_exempt", ("bias", "norm"), "`main.py` (`weight_decay_filter`: `p.ndim == 1`)"),
         Row("lr", Lr(0.2), "`main.py` `--learning-rate-weights`, `adjust_learning_rate`"),
         Row(
@@ -590,8 +613,7 @@ BARLOW_TWINS = Card(
         Row(
             "LOSS.barlow_twins_loss.scale_loss",
             1.0,
-            "`main.py` (no loss scale since `046eec3`; the first release had `--scale-loss "
-            "1/32`)",
+            "`main.py` (no loss scale since `046eec3`; the first release had `--scale-loss 1/32`)",
             label="loss scale",
             ours=0.024,
             why="the formulation of the authors' first release and of VISSL's "
@@ -613,8 +635,11 @@ BARLOW_TWINS = Card(
         ),
         Row("epochs", 1000, "`main.py` `--epochs`"),
         Row("LOSS.barlow_twins_loss.lambda_", 0.0051, "`main.py` `--lambd`", label="lambda"),
-        Row("crops", ((2, 224, (0.08, 1.0)),), "`main.py` `Transform` "
-            "(`RandomResizedCrop(224)`, bicubic)"),
+        Row(
+            "crops",
+            ((2, 224, (0.08, 1.0)),),
+            "`main.py` `Transform` (`RandomResizedCrop(224)`, bicubic)",
+        ),
         Row(
             "head",
             "Linear 2048-8192 (no bias), BN, ReLU → Linear 8192-8192 (no bias), BN, ReLU → "
@@ -637,35 +662,59 @@ VICREG_REPO = (
 def _vicreg_rows(lr: float, batch: int, epochs: int, readme: str) -> tuple[Row, ...]:
     return (
         Row("optimizer", "lars", "`main_vicreg.py` `LARS`"),
-        Row("OPTIMIZER.momentum", 0.9, "`main_vicreg.py` `LARS(momentum=0.9)`",
-            label="momentum"),
+        Row("OPTIMIZER.momentum", 0.9, "`main_vicreg.py` `LARS(momentum=0.9)`", label="momentum"),
         Row("trust_coefficient", 0.001, "`main_vicreg.py` `LARS(eta=0.001)`"),
-        Row("trust_ratio_exempt", ("bias", "norm"), "`main_vicreg.py` "
-            "`lars_adaptation_filter=exclude_bias_and_norm`"),
-        Row("wd_exempt", ("bias", "norm"), "`main_vicreg.py` "
-            "`weight_decay_filter=exclude_bias_and_norm`"),
+        Row(
+            "trust_ratio_exempt",
+            ("bias", "norm"),
+            "`main_vicreg.py` `lars_adaptation_filter=exclude_bias_and_norm`",
+        ),
+        Row(
+            "wd_exempt",
+            ("bias", "norm"),
+            "`main_vicreg.py` `weight_decay_filter=exclude_bias_and_norm`",
+        ),
         Row("lr", Lr(lr), f"{readme} `--base-lr {lr:g}`; `adjust_learning_rate`"),
         Row("warmup_epochs", 10, "`main_vicreg.py` `adjust_learning_rate`"),
         Row("warmup_start", 0.0, "`main_vicreg.py` `adjust_learning_rate`"),
-        Row("lr_schedule", Sched("cosine", end_rel=0.001), "`main_vicreg.py` "
-            "`adjust_learning_rate`"),
+        Row(
+            "lr_schedule", Sched("cosine", end_rel=0.001), "`main_vicreg.py` `adjust_learning_rate`"
+        ),
         Row("weight_decay", 1e-6, "`main_vicreg.py` `--wd`"),
         Row("batch_size", batch, f"{readme} `--batch-size {batch}`"),
         Row("epochs", epochs, f"{readme} `--epochs {epochs}`"),
-        Row("LOSS.vicreg_loss.sim_coeff", 25.0, "`main_vicreg.py` `--sim-coeff`",
-            label="invariance coefficient"),
-        Row("LOSS.vicreg_loss.std_coeff", 25.0, "`main_vicreg.py` `--std-coeff`",
-            label="variance coefficient"),
-        Row("LOSS.vicreg_loss.cov_coeff", 1.0, "`main_vicreg.py` `--cov-coeff`",
-            label="covariance coefficient"),
-        Row("LOSS.vicreg_loss.eps", 0.0001, "`main_vicreg.py` `VICReg.forward` "
-            "(`sqrt(var + 0.0001)`)", label="variance epsilon"),
-        Row("crops", ((2, 224, (0.08, 1.0)),), "`augmentations.py` "
-            "(`RandomResizedCrop(224)`, bicubic)"),
+        Row(
+            "LOSS.vicreg_loss.sim_coeff",
+            25.0,
+            "`main_vicreg.py` `--sim-coeff`",
+            label="invariance coefficient",
+        ),
+        Row(
+            "LOSS.vicreg_loss.std_coeff",
+            25.0,
+            "`main_vicreg.py` `--std-coeff`",
+            label="variance coefficient",
+        ),
+        Row(
+            "LOSS.vicreg_loss.cov_coeff",
+            1.0,
+            "`main_vicreg.py` `--cov-coeff`",
+            label="covariance coefficient",
+        ),
+        Row(
+            "LOSS.vicreg_loss.eps",
+            0.0001,
+            "`main_vicreg.py` `VICReg.forward` (`sqrt(var + 0.0001)`)",
+            label="variance epsilon",
+        ),
+        Row(
+            "crops",
+            ((2, 224, (0.08, 1.0)),),
+            "`augmentations.py` (`RandomResizedCrop(224)`, bicubic)",
+        ),
         Row(
             "head",
-            "Linear 2048-8192, BN, ReLU → Linear 8192-8192, BN, ReLU → "
-            "Linear 8192-8192 (no bias)",
+            "Linear 2048-8192, BN, ReLU → Linear 8192-8192, BN, ReLU → Linear 8192-8192 (no bias)",
             "`main_vicreg.py` `Projector` (`--mlp 8192-8192-8192`)",
         ),
         Row("zero_init_residual", True, "`main_vicreg.py`: `resnet50(zero_init_residual=True)`"),
@@ -704,15 +753,21 @@ DEEPCLUSTER_V2 = Card(
         "schedule, `cluster_memory`), `src/resnet50.py` (head, `MultiPrototypes`)",
     ),
     rows=(
-        Row("optimizer", "larc", "`main_deepclusterv2.py`: `LARC(SGD, trust_coefficient=0.001, "
-            "clip=False)`"),
+        Row(
+            "optimizer",
+            "larc",
+            "`main_deepclusterv2.py`: `LARC(SGD, trust_coefficient=0.001, clip=False)`",
+        ),
         Row("OPTIMIZER.momentum", 0.9, "`main_deepclusterv2.py`", label="momentum"),
         Row("trust_coefficient", 0.001, "`main_deepclusterv2.py`"),
         Row("lr", Lr(4.8, per=4096), "the script: `--base_lr 4.8` at batch 4096"),
         Row("warmup_epochs", 10, "the script: `--warmup_epochs 10`"),
         Row("warmup_start", 0.3 / 4.8, "the script: `--start_warmup 0.3` (of 4.8)"),
-        Row("lr_schedule", Sched("cosine", end_rel=0.001), "`main_deepclusterv2.py` "
-            "(`--final_lr 0.0048` of 4.8)"),
+        Row(
+            "lr_schedule",
+            Sched("cosine", end_rel=0.001),
+            "`main_deepclusterv2.py` (`--final_lr 0.0048` of 4.8)",
+        ),
         Row("weight_decay", 1e-6, "the script: `--wd 0.000001`"),
         Row("wd_exempt", (), "`main_deepclusterv2.py`: SGD over `model.parameters()`"),
         Row(
@@ -731,14 +786,30 @@ DEEPCLUSTER_V2 = Card(
             why="the length of the authors' `deepclusterv2_400ep_pretrain.sh` (whose crops are "
             "2 x 160 + 4 x 96; ours keep the 800-epoch script's).",
         ),
-        Row("LOSS.deepclusterv2_loss.temperature", 0.1, "the script: `--temperature`",
-            label="temperature"),
-        Row("LOSS.deepclusterv2_loss.num_clusters", (3000, 3000, 3000),
-            "the script: `--nmb_prototypes 3000 3000 3000`", label="clusterings"),
-        Row("LOSS.deepclusterv2_loss.kmeans_iters", 10, "`main_deepclusterv2.py` "
-            "`cluster_memory(nmb_kmeans_iters=10)`", label="k-means iterations"),
-        Row("LOSS.deepclusterv2_loss.memory_params.crops_for_mb", (0, 1),
-            "the script: `--crops_for_assign 0 1`", label="crops in the memory"),
+        Row(
+            "LOSS.deepclusterv2_loss.temperature",
+            0.1,
+            "the script: `--temperature`",
+            label="temperature",
+        ),
+        Row(
+            "LOSS.deepclusterv2_loss.num_clusters",
+            (3000, 3000, 3000),
+            "the script: `--nmb_prototypes 3000 3000 3000`",
+            label="clusterings",
+        ),
+        Row(
+            "LOSS.deepclusterv2_loss.kmeans_iters",
+            10,
+            "`main_deepclusterv2.py` `cluster_memory(nmb_kmeans_iters=10)`",
+            label="k-means iterations",
+        ),
+        Row(
+            "LOSS.deepclusterv2_loss.memory_params.crops_for_mb",
+            (0, 1),
+            "the script: `--crops_for_assign 0 1`",
+            label="crops in the memory",
+        ),
         Row(
             "crops",
             ((2, 224, (0.14, 1.0)), (6, 96, (0.05, 0.14))),
@@ -760,8 +831,7 @@ VISSL = "`facebookresearch/vissl` at `09270ed`"
 ROTNET = Card(
     method="RotNet",
     page="rotnet",
-    title="RotNet (ResNet-50): VISSL's ImageNet recipe, with the paper's four rotations per "
-    "image",
+    title="RotNet (ResNet-50): VISSL's ImageNet recipe, with the paper's four rotations per image",
     configs=("pretrain/rotnet/rotnet_8gpu_resnet50", "pretrain/rotnet/rotnet_64gpu_resnet50"),
     sources=(
         f"{VISSL}: `configs/config/pretrain/rotnet/rotnet_8gpu_resnet.yaml` (the ResNet-50 "
@@ -784,11 +854,18 @@ ROTNET = Card(
             "from a quarter of the peak, the warm-up VISSL's Jigsaw and ClusterFit configs "
             "write for the same schedule.",
         ),
-        Row("warmup_start", 1.0, "VISSL config", ours={"rotnet_64gpu_resnet50": 0.25},
-            why="the 64-GPU warm-up starts at a quarter of the peak (see the warm-up "
-            "epochs)."),
-        Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
-            "VISSL config (`multistep` at 30, 60, 90, 100)"),
+        Row(
+            "warmup_start",
+            1.0,
+            "VISSL config",
+            ours={"rotnet_64gpu_resnet50": 0.25},
+            why="the 64-GPU warm-up starts at a quarter of the peak (see the warm-up epochs).",
+        ),
+        Row(
+            "lr_schedule",
+            Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
+            "VISSL config (`multistep` at 30, 60, 90, 100)",
+        ),
         Row("weight_decay", 1e-4, "VISSL config"),
         Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
         Row(
@@ -827,23 +904,42 @@ JIGSAW = Card(
         Row("OPTIMIZER.nesterov", False, "VISSL config", label="Nesterov"),
         Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256 images)"),
         Row("warmup_epochs", 5, "VISSL config (`lengths: [0.047619, ...]` of 105 epochs)"),
-        Row("warmup_start", 0.25, "VISSL config (linear from 0.025 to 0.1; its "
+        Row(
+            "warmup_start",
+            0.25,
+            "VISSL config (linear from 0.025 to 0.1; its "
             "`optimization/bs32_4nodes.yaml`: 0.1 to 0.4)",
             ours={"jigsaw_64gpu_resnet50": 0.125},
             why="VISSL's multi-node warm-up start, 0.1 x (images per node)/256 = 0.1, kept on "
-            "8 nodes, where it is 1/8 of the peak 0.8 (on VISSL's own 4 nodes it is 1/4)."),
-        Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
-            "VISSL config (`multistep` at 30, 60, 90, 100)"),
+            "8 nodes, where it is 1/8 of the peak 0.8 (on VISSL's own 4 nodes it is 1/4).",
+        ),
+        Row(
+            "lr_schedule",
+            Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
+            "VISSL config (`multistep` at 30, 60, 90, 100)",
+        ),
         Row("weight_decay", 1e-4, "VISSL config"),
         Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
-        Row("batch_size", 256, "VISSL config (32 per GPU on 8 GPUs)",
+        Row(
+            "batch_size",
+            256,
+            "VISSL config (32 per GPU on 8 GPUs)",
             ours={"jigsaw_64gpu_resnet50": 2048},
-            why="32 per GPU on 64 GPUs, the lr scaled linearly (0.8)."),
+            why="32 per GPU on 64 GPUs, the lr scaled linearly (0.8).",
+        ),
         Row("epochs", 105, "VISSL config"),
         Row(
             "transforms",
-            ("Resize", "RandomHorizontalFlip", "RandomCrop", "RandomGrayscale", "ToTensor",
-             "Normalize", "ImgPatchesFromTensor", "ShuffleImgPatches"),
+            (
+                "Resize",
+                "RandomHorizontalFlip",
+                "RandomCrop",
+                "RandomGrayscale",
+                "ToTensor",
+                "Normalize",
+                "ImgPatchesFromTensor",
+                "ShuffleImgPatches",
+            ),
             "VISSL config (256 px, flip, 255 px crop, grey p 0.66, 9 patches with jitter 21, "
             "2000 permutations)",
         ),
@@ -880,8 +976,12 @@ COLORIZATION = Card(
     ),
     rows=(
         Row("optimizer", "adam", "`train/solver.prototxt` (`type: Adam`)"),
-        Row("OPTIMIZER.betas", (0.9, 0.99), "`train/solver.prototxt` (`momentum`, `momentum2`)",
-            label="betas"),
+        Row(
+            "OPTIMIZER.betas",
+            (0.9, 0.99),
+            "`train/solver.prototxt` (`momentum`, `momentum2`)",
+            label="betas",
+        ),
         Row("weight_decay", 1e-3, "`train/solver.prototxt`"),
         Row(
             "lr",
@@ -898,9 +998,13 @@ COLORIZATION = Card(
             "paper: /3 at 200k and /10 at 375k of 450k iterations of 40 images (epochs 6.2 "
             "and 11.7 of 14)",
         ),
-        Row("batch_size", 40, "paper",
+        Row(
+            "batch_size",
+            40,
+            "paper",
             ours={"colorization_8gpu_alexnet": 320, "colorization_64gpu_alexnet": 1280},
-            why="40 images per GPU on 8 GPUs (Zhang et al.'s batch per GPU), 20 per GPU on 64."),
+            why="40 images per GPU on 8 GPUs (Zhang et al.'s batch per GPU), 20 per GPU on 64.",
+        ),
         Row("epochs", 14, "paper (450k iterations of 40 images)"),
     ),
 )
@@ -919,27 +1023,55 @@ PIRL = Card(
         Row("OPTIMIZER.momentum", 0.9, "VISSL config", label="momentum"),
         Row("lr", Lr(0.03), "VISSL config (`base_value: 0.03` per 256; 0.12 at 1024)"),
         Row("warmup_epochs", 0, "VISSL config"),
-        Row("lr_schedule", Sched("cosine", end_rel=0.001), "VISSL config (cosine 0.12 to "
-            "0.00012)"),
+        Row("lr_schedule", Sched("cosine", end_rel=0.001), "VISSL config (cosine 0.12 to 0.00012)"),
         Row("weight_decay", 1e-4, "VISSL config"),
-        Row("wd_exempt", ("bias", "norm"), "VISSL config (`regularize_bn`, `regularize_bias` "
-            "False)"),
-        Row("batch_size", 1024, "VISSL config (32 per GPU on 4 nodes x 8)",
+        Row(
+            "wd_exempt", ("bias", "norm"), "VISSL config (`regularize_bn`, `regularize_bias` False)"
+        ),
+        Row(
+            "batch_size",
+            1024,
+            "VISSL config (32 per GPU on 4 nodes x 8)",
             ours={"pirl_8gpu_resnet50": 256},
-            why="32 per GPU on one node of 8 GPUs, the lr scaled linearly (0.03)."),
-        Row("epochs", 800, "VISSL config", ours={"pirl_8gpu_resnet50": 200},
-            why="VISSL's `pirl/epochs/epochs_200.yaml` length for the one-node run."),
+            why="32 per GPU on one node of 8 GPUs, the lr scaled linearly (0.03).",
+        ),
+        Row(
+            "epochs",
+            800,
+            "VISSL config",
+            ours={"pirl_8gpu_resnet50": 200},
+            why="VISSL's `pirl/epochs/epochs_200.yaml` length for the one-node run.",
+        ),
         Row("LOSS.nce_loss_with_memory.temperature", 0.07, "VISSL config", label="temperature"),
-        Row("LOSS.nce_loss_with_memory.negative_sampling_params.num_negatives", 32000,
-            "VISSL config", label="negatives"),
-        Row("LOSS.nce_loss_with_memory.loss_weights", (0.5, 0.5), "VISSL config",
-            label="loss weights (patches, image)"),
-        Row("LOSS.nce_loss_with_memory.memory_params.momentum", 0.5, "VISSL config",
-            label="memory momentum"),
+        Row(
+            "LOSS.nce_loss_with_memory.negative_sampling_params.num_negatives",
+            32000,
+            "VISSL config",
+            label="negatives",
+        ),
+        Row(
+            "LOSS.nce_loss_with_memory.loss_weights",
+            (0.5, 0.5),
+            "VISSL config",
+            label="loss weights (patches, image)",
+        ),
+        Row(
+            "LOSS.nce_loss_with_memory.memory_params.momentum",
+            0.5,
+            "VISSL config",
+            label="memory momentum",
+        ),
         Row(
             "transforms",
-            ("ImgPilToPatchesAndImage", "ColorJitter", "ImgPilRandomPhotometric",
-             "RandomGrayscale", "RandomHorizontalFlip", "ToTensor", "Normalize"),
+            (
+                "ImgPilToPatchesAndImage",
+                "ColorJitter",
+                "ImgPilRandomPhotometric",
+                "RandomGrayscale",
+                "RandomHorizontalFlip",
+                "ToTensor",
+                "Normalize",
+            ),
             "VISSL config",
         ),
         Row(
@@ -967,24 +1099,49 @@ CLUSTERFIT = Card(
         Row("OPTIMIZER.momentum", 0.9, "VISSL config", label="momentum"),
         Row("OPTIMIZER.nesterov", False, "VISSL config", label="Nesterov"),
         Row("lr", Lr(0.1), "VISSL config (`base_value: 0.1` per 256)"),
-        Row("warmup_epochs", 0, "VISSL config (its warm-up is dropped by VISSL's auto-scaling "
-            "on one node)", ours={"clusterfit_64gpu_resnet50": 5},
+        Row(
+            "warmup_epochs",
+            0,
+            "VISSL config (its warm-up is dropped by VISSL's auto-scaling on one node)",
+            ours={"clusterfit_64gpu_resnet50": 5},
             why="batch 4096: Goyal et al.'s 5-epoch gradual warm-up from a quarter of the "
-            "peak, as VISSL's Jigsaw config writes it."),
-        Row("warmup_start", 1.0, "VISSL config", ours={"clusterfit_64gpu_resnet50": 0.25},
-            why="the 64-GPU warm-up starts at a quarter of the peak."),
-        Row("lr_schedule", Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
-            "VISSL config (`multistep` at 30, 60, 90, 100)"),
+            "peak, as VISSL's Jigsaw config writes it.",
+        ),
+        Row(
+            "warmup_start",
+            1.0,
+            "VISSL config",
+            ours={"clusterfit_64gpu_resnet50": 0.25},
+            why="the 64-GPU warm-up starts at a quarter of the peak.",
+        ),
+        Row(
+            "lr_schedule",
+            Sched("steps", milestones=(30, 60, 90, 100), gamma=0.1),
+            "VISSL config (`multistep` at 30, 60, 90, 100)",
+        ),
         Row("weight_decay", 1e-4, "VISSL config"),
         Row("wd_exempt", ("norm",), "VISSL config (`regularize_bn: False`)"),
-        Row("batch_size", 256, "VISSL config", ours={"clusterfit_64gpu_resnet50": 4096},
-            why="64 per GPU on 64 GPUs, the lr scaled linearly (1.6)."),
+        Row(
+            "batch_size",
+            256,
+            "VISSL config",
+            ours={"clusterfit_64gpu_resnet50": 4096},
+            why="64 per GPU on 64 GPUs, the lr scaled linearly (1.6).",
+        ),
         Row("epochs", 105, "VISSL config"),
         Row("crops", ((1, 224, (0.08, 1.0)),), "VISSL config"),
-        Row("transform:ColorJitter.hue", 0.2, "VISSL config (`hue: [-0.2, 0.2]`; brightness, "
-            "contrast, saturation [0.6, 1.4])", label="colour jitter hue"),
-        Row("transform:ColorJitter.brightness", 0.4, "VISSL config (`[0.6, 1.4]`)",
-            label="colour jitter brightness"),
+        Row(
+            "transform:ColorJitter.hue",
+            0.2,
+            "VISSL config (`hue: [-0.2, 0.2]`; brightness, contrast, saturation [0.6, 1.4])",
+            label="colour jitter hue",
+        ),
+        Row(
+            "transform:ColorJitter.brightness",
+            0.4,
+            "VISSL config (`[0.6, 1.4]`)",
+            label="colour jitter brightness",
+        ),
         Row("head", "Linear 2048-16000", "VISSL config"),
     ),
 )
@@ -1005,23 +1162,50 @@ NPID = Card(
         Row("OPTIMIZER.momentum", 0.9, "`main.py` `--momentum`", label="momentum"),
         Row("lr", Lr(0.03), "`main.py` `--lr` (batch 256)"),
         Row("warmup_epochs", 0, "`main.py` `adjust_learning_rate`"),
-        Row("lr_schedule", Sched("steps", milestones=(120, 160), gamma=0.1),
-            "`main.py` `adjust_learning_rate`"),
+        Row(
+            "lr_schedule",
+            Sched("steps", milestones=(120, 160), gamma=0.1),
+            "`main.py` `adjust_learning_rate`",
+        ),
         Row("weight_decay", 1e-4, "`main.py` `--weight-decay` (VISSL: 1e-4 too)"),
         Row("wd_exempt", (), "`main.py`: SGD over `model.parameters()` (VISSL: none on BN)"),
-        Row("batch_size", 256, "`main.py` `-b`", ours={"npid_64gpu_resnet50": 1024},
-            why="16 per GPU on 64 GPUs, the lr scaled linearly."),
+        Row(
+            "batch_size",
+            256,
+            "`main.py` `-b`",
+            ours={"npid_64gpu_resnet50": 1024},
+            why="16 per GPU on 64 GPUs, the lr scaled linearly.",
+        ),
         Row("epochs", 200, "`main.py` `--epochs`"),
-        Row("LOSS.nce_loss_with_memory.temperature", 0.07, "`main.py` `--nce-t`",
-            label="temperature"),
-        Row("LOSS.nce_loss_with_memory.negative_sampling_params.num_negatives", 4096,
-            "`main.py` `--nce-k`", label="negatives"),
-        Row("LOSS.nce_loss_with_memory.memory_params.momentum", 0.5, "`main.py` `--nce-m`",
-            label="memory momentum"),
-        Row("LOSS.nce_loss_with_memory.memory_params.embedding_dim", 128,
-            "`main.py` `--low-dim`", label="dim"),
-        Row("crops", ((1, 224, (0.2, 1.0)),), "`main.py` (`RandomResizedCrop(224, "
-            "scale=(0.2, 1.))`)"),
+        Row(
+            "LOSS.nce_loss_with_memory.temperature",
+            0.07,
+            "`main.py` `--nce-t`",
+            label="temperature",
+        ),
+        Row(
+            "LOSS.nce_loss_with_memory.negative_sampling_params.num_negatives",
+            4096,
+            "`main.py` `--nce-k`",
+            label="negatives",
+        ),
+        Row(
+            "LOSS.nce_loss_with_memory.memory_params.momentum",
+            0.5,
+            "`main.py` `--nce-m`",
+            label="memory momentum",
+        ),
+        Row(
+            "LOSS.nce_loss_with_memory.memory_params.embedding_dim",
+            128,
+            "`main.py` `--low-dim`",
+            label="dim",
+        ),
+        Row(
+            "crops",
+            ((1, 224, (0.2, 1.0)),),
+            "`main.py` (`RandomResizedCrop(224, scale=(0.2, 1.))`)",
+        ),
         Row("head", "Linear 2048-128", "`main.py` (the ResNet's `fc` to `--low-dim`)"),
     ),
 )
@@ -1044,29 +1228,45 @@ BYOL = Card(
         Row("optimizer", "lars", "`byol_experiment.py` `_optimizer`"),
         Row("OPTIMIZER.momentum", 0.9, "`configs/byol.py`", label="momentum"),
         Row("trust_coefficient", 0.001, "`configs/byol.py` (`eta=1e-3`)"),
-        Row("trust_ratio_exempt", ("bias", "norm"), "`byol_experiment.py` "
-            "(`lars_adaptation_filter=exclude_bias_and_norm`)"),
-        Row("wd_exempt", ("bias", "norm"), "`byol_experiment.py` "
-            "(`weight_decay_filter=exclude_bias_and_norm`)"),
+        Row(
+            "trust_ratio_exempt",
+            ("bias", "norm"),
+            "`byol_experiment.py` (`lars_adaptation_filter=exclude_bias_and_norm`)",
+        ),
+        Row(
+            "wd_exempt",
+            ("bias", "norm"),
+            "`byol_experiment.py` (`weight_decay_filter=exclude_bias_and_norm`)",
+        ),
         Row("lr", Lr(0.3), "`configs/byol.py` `_LR_PRESETS[300]`; `schedules.learning_schedule`"),
         Row("warmup_epochs", 10, "`configs/byol.py` (`warmup_steps`)"),
         Row("warmup_start", 0.0, "`schedules.learning_schedule`"),
         Row("lr_schedule", Sched("cosine", end_rel=0.0), "`schedules.learning_schedule`"),
         Row("weight_decay", 1e-6, "`configs/byol.py` `_WD_PRESETS[300]`"),
-        Row("LOSS.byol_loss.momentum", 0.99, "`configs/byol.py` `_EMA_PRESETS[300]` (cosine to 1: "
-            "`schedules.target_ema`)", label="target EMA (start)"),
-        Row("batch_size", 4096, "`main_loop.py` `--batch_size`",
+        Row(
+            "LOSS.byol_loss.momentum",
+            0.99,
+            "`configs/byol.py` `_EMA_PRESETS[300]` (cosine to 1: `schedules.target_ema`)",
+            label="target EMA (start)",
+        ),
+        Row(
+            "batch_size",
+            4096,
+            "`main_loop.py` `--batch_size`",
             ours={"byol_8gpu_resnet50": 512},
-            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly."),
+            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly.",
+        ),
         Row("epochs", 300, "`configs/byol.py` (the 300-epoch presets)"),
-        Row("crops", ((2, 224, (0.08, 1.0)),), "`utils/dataset.py` (`_decode_and_random_crop`: "
-            "area 0.08-1)"),
+        Row(
+            "crops",
+            ((2, 224, (0.08, 1.0)),),
+            "`utils/dataset.py` (`_decode_and_random_crop`: area 0.08-1)",
+        ),
         Row(
             "head",
             "Linear 2048-4096, BN, ReLU, Linear 4096-256 (no bias) → Linear 256-4096, BN, ReLU, "
             "Linear 4096-256 (no bias)",
-            "`utils/networks.py` `MLP` (projector, predictor: `hk.Linear(with_bias=False)` "
-            "last)",
+            "`utils/networks.py` `MLP` (projector, predictor: `hk.Linear(with_bias=False)` last)",
         ),
         Row("zero_init_residual", True, "haiku `BlockV1` (`batchnorm_2`: `scale_init=zeros`)"),
     ),
@@ -1085,23 +1285,48 @@ SIMSIAM = Card(
     configs=("pretrain/simsiam/simsiam_8gpu_resnet50", "pretrain/simsiam/simsiam_64gpu_resnet50"),
     sources=(SIMSIAM_REPO,),
     rows=(
-        Row("optimizer", "sgd", "`main_simsiam.py`", ours={"simsiam_64gpu_resnet50": "lars"},
+        Row(
+            "optimizer",
+            "sgd",
+            "`main_simsiam.py`",
+            ours={"simsiam_64gpu_resnet50": "lars"},
             why="batch 4096: the SimSiam paper trains its large batches with LARS (Sec. 4.1, "
-            "batch size)."),
+            "batch size).",
+        ),
         Row("OPTIMIZER.momentum", 0.9, "`main_simsiam.py` `--momentum`", label="momentum"),
         Row("lr", Lr(0.05), "`main_simsiam.py` (`init_lr = lr x batch / 256`)"),
         Row("warmup_epochs", 0, "`main_simsiam.py` `adjust_learning_rate`"),
-        Row("lr_schedule", Sched("cosine", end_rel=0.0), "`main_simsiam.py` "
-            "`adjust_learning_rate`"),
-        Row("lr_head_schedule", Sched("constant"), "`--fix-pred-lr` (README): the predictor "
-            "keeps the initial lr", label="predictor lr schedule"),
+        Row(
+            "lr_schedule", Sched("cosine", end_rel=0.0), "`main_simsiam.py` `adjust_learning_rate`"
+        ),
+        Row(
+            "lr_head_schedule",
+            Sched("constant"),
+            "`--fix-pred-lr` (README): the predictor keeps the initial lr",
+            label="predictor lr schedule",
+        ),
         Row("weight_decay", 1e-4, "`main_simsiam.py` `--wd`"),
-        Row("wd_exempt", (), "`main_simsiam.py`: SGD over every parameter"),
-        Row("batch_size", 512, "`main_simsiam.py` `-b`", ours={"simsiam_64gpu_resnet50": 4096},
-            why="64 per GPU on 64 GPUs (the paper's largest batch, with LARS)."),
+        Row(
+            "wd_exempt",
+            (),
+            "`main_simsiam.py`: SGD over every parameter",
+            ours={"simsiam_64gpu_resnet50": ("bias", "norm")},
+            why="with LARS at batch 4096, the 1-D parameters get neither weight decay nor the "
+            "trust ratio, as in the LARS of SimCLR, BYOL and MoCo v3.",
+        ),
+        Row(
+            "batch_size",
+            512,
+            "`main_simsiam.py` `-b`",
+            ours={"simsiam_64gpu_resnet50": 4096},
+            why="64 per GPU on 64 GPUs (the paper's largest batch, with LARS).",
+        ),
         Row("epochs", 100, "`main_simsiam.py` `--epochs`"),
-        Row("crops", ((2, 224, (0.2, 1.0)),), "`main_simsiam.py` (`RandomResizedCrop(224, "
-            "scale=(0.2, 1.))`)"),
+        Row(
+            "crops",
+            ((2, 224, (0.2, 1.0)),),
+            "`main_simsiam.py` (`RandomResizedCrop(224, scale=(0.2, 1.))`)",
+        ),
         Row(
             "head",
             "Linear 2048-2048 (no bias), BN, ReLU, Linear 2048-2048 (no bias), BN, ReLU, "
@@ -1133,20 +1358,27 @@ def _moco_v3_resnet_rows() -> tuple[Row, ...]:
         Row("warmup_start", 0.0, "`main_moco.py` `adjust_learning_rate`"),
         Row("lr_schedule", Sched("cosine", end_rel=0.0), "`main_moco.py` `adjust_learning_rate`"),
         Row("weight_decay", 1e-6, "`main_moco.py` `--wd`"),
-        Row("batch_size", 4096, "`main_moco.py` `-b`", ours={"moco_v3_8gpu_resnet50": 1024},
-            why="128 per GPU on one node of 8 GPUs, the lr scaled linearly (2.4)."),
+        Row(
+            "batch_size",
+            4096,
+            "`main_moco.py` `-b`",
+            ours={"moco_v3_8gpu_resnet50": 1024},
+            why="128 per GPU on one node of 8 GPUs, the lr scaled linearly (2.4).",
+        ),
         Row("epochs", 100, "`CONFIG.md` (ResNet-50, 100-epoch pre-training)"),
-        Row("LOSS.moco_v3_loss.temperature", 1.0, "`main_moco.py` `--moco-t`",
-            label="temperature"),
-        Row("LOSS.moco_v3_loss.momentum", 0.99, "`main_moco.py` `--moco-m` (`--moco-m-cos`: "
-            "cosine to 1)", label="momentum encoder (start)"),
+        Row("LOSS.moco_v3_loss.temperature", 1.0, "`main_moco.py` `--moco-t`", label="temperature"),
+        Row(
+            "LOSS.moco_v3_loss.momentum",
+            0.99,
+            "`main_moco.py` `--moco-m` (`--moco-m-cos`: cosine to 1)",
+            label="momentum encoder (start)",
+        ),
         Row("crops", ((2, 224, (0.2, 1.0)),), "`CONFIG.md` `--crop-min=.2`"),
         Row(
             "head",
             "Linear 2048-4096 (no bias), BN, ReLU, Linear 4096-256 (no bias), BN (no affine) → "
             "Linear 256-4096 (no bias), BN, ReLU, Linear 4096-256 (no bias)",
-            "`moco/builder.py` `MoCo_ResNet` (projector `last_bn=True`, predictor "
-            "`last_bn=False`)",
+            "`moco/builder.py` `MoCo_ResNet` (projector `last_bn=True`, predictor `last_bn=False`)",
         ),
         Row("zero_init_residual", True, "`main_moco.py` (`zero_init_residual=True`)"),
     )
@@ -1165,24 +1397,39 @@ MOCO_V3_RESNET = Card(
 def _moco_v3_vit_rows(batch: int, command: str) -> tuple[Row, ...]:
     return (
         Row("optimizer", "adamw", f"{command} `--optimizer=adamw`"),
-        Row("OPTIMIZER.betas", (0.9, 0.999), "`main_moco.py` (`torch.optim.AdamW` defaults)",
-            label="betas"),
+        Row(
+            "OPTIMIZER.betas",
+            (0.9, 0.999),
+            "`main_moco.py` (`torch.optim.AdamW` defaults)",
+            label="betas",
+        ),
         Row("lr", Lr(1.5e-4), f"{command} `--lr=1.5e-4` (x batch / 256)"),
         Row("warmup_epochs", 40, f"{command} `--warmup-epochs=40`"),
         Row("warmup_start", 0.0, "`main_moco.py` `adjust_learning_rate`"),
         Row("lr_schedule", Sched("cosine", end_rel=0.0), "`main_moco.py` `adjust_learning_rate`"),
         Row("weight_decay", 0.1, f"{command} `--weight-decay=.1`"),
         Row("wd_exempt", (), "`main_moco.py`: AdamW over every parameter"),
-        Row("pos_embed", "sincos", "`vits.py` `build_2d_sincos_position_embedding` "
-            "(`requires_grad = False`)", label="position embedding"),
-        Row("MODEL.TRUNK.VISION_TRANSFORMERS.FREEZE_PATCH_EMBED", True,
-            f"{command} `--stop-grad-conv1`", label="patch projection frozen"),
+        Row(
+            "pos_embed",
+            "sincos",
+            "`vits.py` `build_2d_sincos_position_embedding` (`requires_grad = False`)",
+            label="position embedding",
+        ),
+        Row(
+            "MODEL.TRUNK.VISION_TRANSFORMERS.FREEZE_PATCH_EMBED",
+            True,
+            f"{command} `--stop-grad-conv1`",
+            label="patch projection frozen",
+        ),
         Row("batch_size", batch, f"{command} `-b`"),
         Row("epochs", 300, f"{command} `--epochs=300`"),
-        Row("LOSS.moco_v3_loss.temperature", 0.2, f"{command} `--moco-t=.2`",
-            label="temperature"),
-        Row("LOSS.moco_v3_loss.momentum", 0.99, "`main_moco.py` `--moco-m` (`--moco-m-cos`)",
-            label="momentum encoder (start)"),
+        Row("LOSS.moco_v3_loss.temperature", 0.2, f"{command} `--moco-t=.2`", label="temperature"),
+        Row(
+            "LOSS.moco_v3_loss.momentum",
+            0.99,
+            "`main_moco.py` `--moco-m` (`--moco-m-cos`)",
+            label="momentum encoder (start)",
+        ),
         Row("crops", ((2, 224, (0.08, 1.0)),), "`main_moco.py` `--crop-min` default 0.08"),
         Row(
             "head",
@@ -1234,12 +1481,21 @@ NNCLR = Card(
         Row("warmup_start", 0.0, "paper"),
         Row("lr_schedule", Sched("cosine", end_rel=0.0), "paper"),
         Row("weight_decay", 1e-6, "paper"),
-        Row("batch_size", 4096, "paper", ours={"nnclr_8gpu_resnet50": 512},
-            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly (0.6)."),
+        Row(
+            "batch_size",
+            4096,
+            "paper",
+            ours={"nnclr_8gpu_resnet50": 512},
+            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly (0.6).",
+        ),
         Row("epochs", 1000, "paper"),
         Row("LOSS.nnclr_loss.temperature", 0.1, "paper", label="temperature"),
-        Row("LOSS.nnclr_loss.queue_size", 98304, "paper (one support set, searched by every "
-            "query)", label="support set"),
+        Row(
+            "LOSS.nnclr_loss.queue_size",
+            98304,
+            "paper (one support set, searched by every query)",
+            label="support set",
+        ),
         Row("crops", ((2, 224, (0.08, 1.0)),), "paper (BYOL's augmentations)"),
         Row(
             "head",
@@ -1267,42 +1523,89 @@ DINO_VIT = Card(
     sources=(DINO_REPO,),
     rows=(
         Row("optimizer", "adamw", "`main_dino.py` `--optimizer`"),
-        Row("OPTIMIZER.betas", (0.9, 0.999), "`main_dino.py` (`torch.optim.AdamW` defaults)",
-            label="betas"),
+        Row(
+            "OPTIMIZER.betas",
+            (0.9, 0.999),
+            "`main_dino.py` (`torch.optim.AdamW` defaults)",
+            label="betas",
+        ),
         Row("lr", Lr(0.0005), "`main_dino.py` `--lr` (x batch / 256)"),
         Row("warmup_epochs", 10, "`main_dino.py` `--warmup_epochs`"),
         Row("warmup_start", 0.0, "`utils.cosine_scheduler`"),
         Row("lr_schedule", Sched("cosine", end=1e-6), "`main_dino.py` `--min_lr`"),
-        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "`main_dino.py` "
-            "`--weight_decay`, `--weight_decay_end`"),
-        Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups` (biases and 1-D "
-            "parameters)"),
-        Row("grad_clip", "per_parameter 3", "`main_dino.py` `--clip_grad 3.0`, "
-            "`utils.clip_gradients` (each parameter's gradient norm)"),
-        Row("batch_size", 512, "README (8 GPUs x `--batch_size_per_gpu 64`)",
+        Row(
+            "weight_decay",
+            Sched("cosine", start=0.04, end=0.4),
+            "`main_dino.py` `--weight_decay`, `--weight_decay_end`",
+        ),
+        Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups` (biases and 1-D parameters)"),
+        Row(
+            "grad_clip",
+            "per_parameter 3",
+            "`main_dino.py` `--clip_grad 3.0`, "
+            "`utils.clip_gradients` (each parameter's gradient norm)",
+        ),
+        Row(
+            "batch_size",
+            512,
+            "README (8 GPUs x `--batch_size_per_gpu 64`)",
             ours={"dino_64gpu_vits16": 4096},
-            why="64 per GPU on 64 GPUs, the lr scaled linearly (DINO was tuned up to 1024)."),
+            why="64 per GPU on 64 GPUs, the lr scaled linearly (DINO was tuned up to 1024).",
+        ),
         Row("epochs", 100, "`main_dino.py` `--epochs`"),
-        Row("LOSS.dino_loss.momentum", 0.996, "`main_dino.py` `--momentum_teacher` (cosine to "
-            "1)", label="teacher momentum (start)"),
-        Row("LOSS.dino_loss.student_temp", 0.1, "`main_dino.py` `DINOLoss`",
-            label="student temperature"),
-        Row("LOSS.dino_loss.teacher_temp_min", 0.04, "`main_dino.py` `--warmup_teacher_temp`",
-            label="teacher temperature (start)"),
-        Row("LOSS.dino_loss.teacher_temp_max", 0.04, "`main_dino.py` `--teacher_temp`",
-            label="teacher temperature", ours=0.07,
+        Row(
+            "LOSS.dino_loss.momentum",
+            0.996,
+            "`main_dino.py` `--momentum_teacher` (cosine to 1)",
+            label="teacher momentum (start)",
+        ),
+        Row(
+            "LOSS.dino_loss.student_temp",
+            0.1,
+            "`main_dino.py` `DINOLoss`",
+            label="student temperature",
+        ),
+        Row(
+            "LOSS.dino_loss.teacher_temp_min",
+            0.04,
+            "`main_dino.py` `--warmup_teacher_temp`",
+            label="teacher temperature (start)",
+        ),
+        Row(
+            "LOSS.dino_loss.teacher_temp_max",
+            0.04,
+            "`main_dino.py` `--teacher_temp`",
+            label="teacher temperature",
+            ours=0.07,
             why="the README's 'Boosting DINO performance' setting, the paper's ViT-S/16 one: "
-            "0.07, warmed up from 0.04 over 30 epochs."),
-        Row("epochs_of:LOSS.dino_loss.teacher_temp_warmup_iters", 0.0,
+            "0.07, warmed up from 0.04 over 30 epochs.",
+        ),
+        Row(
+            "epochs_of:LOSS.dino_loss.teacher_temp_warmup_iters",
+            0.0,
             "`main_dino.py` `--warmup_teacher_temp_epochs`",
-            label="teacher temperature warm-up (epochs)", ours=30.0,
-            why="with the teacher temperature of 0.07 (see above)."),
-        Row("LOSS.dino_loss.ema_center", 0.9, "`main_dino.py` `DINOLoss` `center_momentum`",
-            label="center momentum"),
-        Row("epochs_of:MODEL.TEMP_FROZEN_PARAMS_ITER_MAP.0.1", 1.0,
-            "`main_dino.py` `--freeze_last_layer 1`", label="last layer frozen (epochs)"),
-        Row("MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE", 0.1,
-            "`main_dino.py` `--drop_path_rate`", label="drop path"),
+            label="teacher temperature warm-up (epochs)",
+            ours=30.0,
+            why="with the teacher temperature of 0.07 (see above).",
+        ),
+        Row(
+            "LOSS.dino_loss.ema_center",
+            0.9,
+            "`main_dino.py` `DINOLoss` `center_momentum`",
+            label="center momentum",
+        ),
+        Row(
+            "epochs_of:MODEL.TEMP_FROZEN_PARAMS_ITER_MAP.0.1",
+            1.0,
+            "`main_dino.py` `--freeze_last_layer 1`",
+            label="last layer frozen (epochs)",
+        ),
+        Row(
+            "MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE",
+            0.1,
+            "`main_dino.py` `--drop_path_rate`",
+            label="drop path",
+        ),
         Row(
             "crops",
             ((2, 224, (0.4, 1.0)), (8, 96, (0.05, 0.4))),
@@ -1336,8 +1639,12 @@ DINO_RESNET = Card(
         Row("grad_clip", "per_parameter 3", "`main_dino.py` `--clip_grad 3.0`"),
         Row("batch_size", 512, "README (8 GPUs x 64)"),
         Row("epochs", 100, "`main_dino.py` `--epochs`"),
-        Row("LOSS.dino_loss.teacher_temp_max", 0.04, "`main_dino.py` `--teacher_temp`",
-            label="teacher temperature"),
+        Row(
+            "LOSS.dino_loss.teacher_temp_max",
+            0.04,
+            "`main_dino.py` `--teacher_temp`",
+            label="teacher temperature",
+        ),
         Row(
             "crops",
             ((2, 224, (0.14, 1.0)), (8, 96, (0.05, 0.14))),
@@ -1362,28 +1669,63 @@ def _ibot_rows() -> tuple[Row, ...]:
         Row("lr", Lr(0.0005), "`main_ibot.py` `--lr` (x batch / 256)"),
         Row("warmup_epochs", 10, "`main_ibot.py` `--warmup_epochs`"),
         Row("lr_schedule", Sched("cosine", end=1e-6), "`main_ibot.py` `--min_lr`"),
-        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "`main_ibot.py` "
-            "`--weight_decay`, `--weight_decay_end`"),
+        Row(
+            "weight_decay",
+            Sched("cosine", start=0.04, end=0.4),
+            "`main_ibot.py` `--weight_decay`, `--weight_decay_end`",
+        ),
         Row("wd_exempt", ("bias", "norm"), "`utils.get_params_groups`"),
-        Row("grad_clip", "per_parameter 3", "`main_ibot.py` `--clip_grad 3.0`, "
-            "`utils.clip_gradients`"),
-        Row("batch_size", 1024, "README (16 GPUs x 64)", ours=512,
-            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly."),
-        Row("epochs", 800, "README `--epochs 800`", ours=100,
-            why="a 100-epoch run for one node (the iBOT paper reports ViT-S/16 at 100 epochs "
-            "too)."),
-        Row("LOSS.ibot_loss.teacher_momentum", 0.996, "`main_ibot.py` `--momentum_teacher`",
-            label="teacher momentum (start)"),
-        Row("LOSS.ibot_loss.teacher_temp", 0.07, "README `--teacher_temp 0.07`",
-            label="teacher temperature"),
-        Row("LOSS.ibot_loss.warmup_teacher_temp_epochs", 30,
-            "README `--warmup_teacher_temp_epochs 30`", label="teacher temperature warm-up"),
-        Row("LOSS.ibot_loss.teacher_patch_temp", 0.07, "`main_ibot.py` `--teacher_patch_temp`",
-            label="patch teacher temperature"),
+        Row(
+            "grad_clip",
+            "per_parameter 3",
+            "`main_ibot.py` `--clip_grad 3.0`, `utils.clip_gradients`",
+        ),
+        Row(
+            "batch_size",
+            1024,
+            "README (16 GPUs x 64)",
+            ours=512,
+            why="64 per GPU on one node of 8 GPUs, the lr scaled linearly.",
+        ),
+        Row(
+            "epochs",
+            800,
+            "README `--epochs 800`",
+            ours=100,
+            why="a 100-epoch run for one node (the iBOT paper reports ViT-S/16 at 100 epochs too).",
+        ),
+        Row(
+            "LOSS.ibot_loss.teacher_momentum",
+            0.996,
+            "`main_ibot.py` `--momentum_teacher`",
+            label="teacher momentum (start)",
+        ),
+        Row(
+            "LOSS.ibot_loss.teacher_temp",
+            0.07,
+            "README `--teacher_temp 0.07`",
+            label="teacher temperature",
+        ),
+        Row(
+            "LOSS.ibot_loss.warmup_teacher_temp_epochs",
+            30,
+            "README `--warmup_teacher_temp_epochs 30`",
+            label="teacher temperature warm-up",
+        ),
+        Row(
+            "LOSS.ibot_loss.teacher_patch_temp",
+            0.07,
+            "`main_ibot.py` `--teacher_patch_temp`",
+            label="patch teacher temperature",
+        ),
         Row("LOSS.ibot_loss.lambda1", 1.0, "`main_ibot.py` `--lambda1`", label="lambda1"),
         Row("LOSS.ibot_loss.lambda2", 1.0, "`main_ibot.py` `--lambda2`", label="lambda2"),
-        Row("MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE", 0.1, "`main_ibot.py` "
-            "`--drop_path`", label="drop path"),
+        Row(
+            "MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE",
+            0.1,
+            "`main_ibot.py` `--drop_path`",
+            label="drop path",
+        ),
         Row(
             "crops",
             ((2, 224, (0.25, 1.0)), (10, 96, (0.05, 0.25))),
@@ -1418,36 +1760,78 @@ DINOV2 = Card(
     rows=(
         Row("optimizer", "adamw", "`ssl_default_config.yaml` (`adamw_beta1/2`)"),
         Row("OPTIMIZER.betas", (0.9, 0.999), "`ssl_default_config.yaml`", label="betas"),
-        Row("lr", Lr(0.004, per=1024, rule="sqrt"), "`ssl_default_config.yaml` (`base_lr`, "
-            "`scaling_rule: sqrt_wrt_1024`)"),
+        Row(
+            "lr",
+            Lr(0.004, per=1024, rule="sqrt"),
+            "`ssl_default_config.yaml` (`base_lr`, `scaling_rule: sqrt_wrt_1024`)",
+        ),
         Row("warmup_epochs", 10, "`ssl_default_config.yaml` `warmup_epochs`"),
         Row("lr_schedule", Sched("cosine", end=1e-6), "`ssl_default_config.yaml` `min_lr`"),
-        Row("weight_decay", Sched("cosine", start=0.04, end=0.4),
-            "`ssl_default_config.yaml` `weight_decay`, `weight_decay_end`"),
-        Row("wd_exempt", ("bias", "gamma", "norm"), "`utils/param_groups.py` (bias, norm, "
-            "layer-scale gamma)"),
-        Row("OPTIMIZER.layer_wise_lr_decay.decay", 0.9, "`ssl_default_config.yaml` "
-            "`layerwise_decay`", label="layer-wise lr decay"),
-        Row("grad_clip", "per_module 3", "`ssl_default_config.yaml` `clip_grad`; "
-            "`train/train.py` (backbone, DINO head, iBOT head clipped apart)"),
-        Row("LOSS.dinov2_loss.momentum_teacher", 0.992, "`ssl_default_config.yaml`",
-            label="teacher momentum (start)"),
-        Row("LOSS.dinov2_loss.teacher_temp", 0.07, "`ssl_default_config.yaml`",
-            label="teacher temperature"),
-        Row("LOSS.dinov2_loss.koleo_loss_weight", 0.1, "`ssl_default_config.yaml`",
-            label="KoLeo weight"),
-        Row("LOSS.dinov2_loss.centering", "centering", "`ssl_default_config.yaml`",
-            label="centering"),
+        Row(
+            "weight_decay",
+            Sched("cosine", start=0.04, end=0.4),
+            "`ssl_default_config.yaml` `weight_decay`, `weight_decay_end`",
+        ),
+        Row(
+            "wd_exempt",
+            ("bias", "gamma", "norm"),
+            "`utils/param_groups.py` (bias, norm, layer-scale gamma)",
+        ),
+        Row(
+            "OPTIMIZER.layer_wise_lr_decay.decay",
+            0.9,
+            "`ssl_default_config.yaml` `layerwise_decay`",
+            label="layer-wise lr decay",
+        ),
+        Row(
+            "grad_clip",
+            "per_module 3",
+            "`ssl_default_config.yaml` `clip_grad`; "
+            "`train/train.py` (backbone, DINO head, iBOT head clipped apart)",
+        ),
+        Row(
+            "LOSS.dinov2_loss.momentum_teacher",
+            0.992,
+            "`ssl_default_config.yaml`",
+            label="teacher momentum (start)",
+        ),
+        Row(
+            "LOSS.dinov2_loss.teacher_temp",
+            0.07,
+            "`ssl_default_config.yaml`",
+            label="teacher temperature",
+        ),
+        Row(
+            "LOSS.dinov2_loss.koleo_loss_weight",
+            0.1,
+            "`ssl_default_config.yaml`",
+            label="KoLeo weight",
+        ),
+        Row(
+            "LOSS.dinov2_loss.centering",
+            "centering",
+            "`ssl_default_config.yaml`",
+            label="centering",
+        ),
         Row(
             "crops",
             ((2, 224, (0.32, 1.0)), (8, 96, (0.05, 0.32))),
             "`ssl_default_config.yaml` `crops`",
         ),
-        Row("batch_size", 2048, "`vitl16_short.yaml` (64 per GPU) on the README's 4 nodes of 8 "
-            "GPUs", ours=512, why="64 per GPU on one node of 8 GPUs, the lr scaled by the "
-            "square root of the batch, DINOv2's rule."),
-        Row("epochs", 200, "`ssl_default_config.yaml` (100 'epochs' of `OFFICIAL_EPOCH_LENGTH: "
-            "1250` iterations at batch 2048 = 200 passes over ImageNet-1k)"),
+        Row(
+            "batch_size",
+            2048,
+            "`vitl16_short.yaml` (64 per GPU) on the README's 4 nodes of 8 GPUs",
+            ours=512,
+            why="64 per GPU on one node of 8 GPUs, the lr scaled by the "
+            "square root of the batch, DINOv2's rule.",
+        ),
+        Row(
+            "epochs",
+            200,
+            "`ssl_default_config.yaml` (100 'epochs' of `OFFICIAL_EPOCH_LENGTH: "
+            "1250` iterations at batch 2048 = 200 passes over ImageNet-1k)",
+        ),
     ),
 )
 
@@ -1468,24 +1852,47 @@ def _mae_rows() -> tuple[Row, ...]:
         Row("warmup_start", 0.0, "`util/lr_sched.py`"),
         Row("lr_schedule", Sched("cosine", end=0.0), "`util/lr_sched.py` (`--min_lr 0`)"),
         Row("weight_decay", 0.05, "`PRETRAIN.md`"),
-        Row("wd_exempt", ("bias", "norm"), "`main_pretrain.py` (timm `add_weight_decay`: "
-            "biases and 1-D parameters)"),
-        Row("pos_embed", "sincos", "`models_mae.py` (fixed 2-D sin-cos, `requires_grad=False`)",
-            label="position embedding"),
+        Row(
+            "wd_exempt",
+            ("bias", "norm"),
+            "`main_pretrain.py` (timm `add_weight_decay`: biases and 1-D parameters)",
+        ),
+        Row(
+            "pos_embed",
+            "sincos",
+            "`models_mae.py` (fixed 2-D sin-cos, `requires_grad=False`)",
+            label="position embedding",
+        ),
         Row("grad_clip", "none", "`main_pretrain.py`"),
         Row("batch_size", 4096, "`PRETRAIN.md` (64 x 8 nodes x 8 GPUs)"),
         Row("epochs", 800, "`PRETRAIN.md` `--epochs 800`"),
-        Row("transform:RandomPatchMasking.mask_ratio", 0.75, "`PRETRAIN.md` `--mask_ratio`",
-            label="mask ratio"),
-        Row("LOSS.mae_loss.norm_pix_loss", True, "`PRETRAIN.md` `--norm_pix_loss`",
-            label="normalised pixels"),
-        Row("crops", ((1, 224, (0.2, 1.0)),), "`main_pretrain.py` (`RandomResizedCrop(224, "
-            "scale=(0.2, 1.0))`)"),
-        Row("MODEL.HEAD.PARAMS.0.1.decoder_dim", 512, "`models_mae.py` (`decoder_embed_dim`)",
-            label="decoder width"),
+        Row(
+            "transform:RandomPatchMasking.mask_ratio",
+            0.75,
+            "`PRETRAIN.md` `--mask_ratio`",
+            label="mask ratio",
+        ),
+        Row(
+            "LOSS.mae_loss.norm_pix_loss",
+            True,
+            "`PRETRAIN.md` `--norm_pix_loss`",
+            label="normalised pixels",
+        ),
+        Row(
+            "crops",
+            ((1, 224, (0.2, 1.0)),),
+            "`main_pretrain.py` (`RandomResizedCrop(224, scale=(0.2, 1.0))`)",
+        ),
+        Row(
+            "MODEL.HEAD.PARAMS.0.1.decoder_dim",
+            512,
+            "`models_mae.py` (`decoder_embed_dim`)",
+            label="decoder width",
+        ),
         Row("MODEL.HEAD.PARAMS.0.1.decoder_depth", 8, "`models_mae.py`", label="decoder depth"),
-        Row("MODEL.HEAD.PARAMS.0.1.decoder_num_heads", 16, "`models_mae.py`",
-            label="decoder heads"),
+        Row(
+            "MODEL.HEAD.PARAMS.0.1.decoder_num_heads", 16, "`models_mae.py`", label="decoder heads"
+        ),
     )
 
 
@@ -1516,21 +1923,35 @@ IJEPA = Card(
         Row("warmup_epochs", 40, "the config `optimization.warmup`"),
         Row("warmup_start", 0.2, "the config `start_lr: 0.0002` (of 0.001)"),
         Row("lr_schedule", Sched("cosine", end=1e-6), "the config `final_lr`"),
-        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "the config `weight_decay`, "
-            "`final_weight_decay`"),
+        Row(
+            "weight_decay",
+            Sched("cosine", start=0.04, end=0.4),
+            "the config `weight_decay`, `final_weight_decay`",
+        ),
         Row("wd_exempt", ("bias", "norm"), "`src/helper.py` `init_opt` (biases and 1-D)"),
-        Row("pos_embed", "sincos", "`src/models/vision_transformer.py` (fixed sin-cos)",
-            label="position embedding"),
+        Row(
+            "pos_embed",
+            "sincos",
+            "`src/models/vision_transformer.py` (fixed sin-cos)",
+            label="position embedding",
+        ),
         Row("grad_clip", "none", "`src/train.py`"),
         Row("batch_size", 2048, "the config (`batch_size: 128` on 16 GPUs)"),
         Row("epochs", 300, "the config `optimization.epochs`"),
-        Row("LOSS.ijepa_loss.momentum", 0.996, "the config `ema: [0.996, 1.0]` (linear)",
-            label="target EMA (start)"),
+        Row(
+            "LOSS.ijepa_loss.momentum",
+            0.996,
+            "the config `ema: [0.996, 1.0]` (linear)",
+            label="target EMA (start)",
+        ),
         Row("crops", ((1, 224, (0.3, 1.0)),), "the config `crop_scale`"),
-        Row("MODEL.HEAD.PARAMS.0.1.predictor_dim", 384, "the config `pred_emb_dim`",
-            label="predictor width"),
-        Row("MODEL.HEAD.PARAMS.0.1.depth", 12, "the config `pred_depth`",
-            label="predictor depth"),
+        Row(
+            "MODEL.HEAD.PARAMS.0.1.predictor_dim",
+            384,
+            "the config `pred_emb_dim`",
+            label="predictor width",
+        ),
+        Row("MODEL.HEAD.PARAMS.0.1.depth", 12, "the config `pred_depth`", label="predictor depth"),
     ),
 )
 
@@ -1551,25 +1972,51 @@ MSN = Card(
         Row("lr", Lr(0.001, per=1024, rule="none"), "the config `lr` (not scaled)"),
         Row("warmup_epochs", 15, "the config `warmup`"),
         Row("warmup_start", 0.2, "the config `start_lr: 0.0002` (of 0.001)"),
-        Row("weight_decay", Sched("cosine", start=0.04, end=0.4), "the config `weight_decay`, "
-            "`final_weight_decay`"),
-        Row("wd_exempt", ("bias", "norm", "prototypes"), "`init_opt` (bias, bn and 1-D "
-            "parameters; the prototypes)"),
-        Row("grad_clip", "global 3 excluding prototypes", "the config `clip_grad: 3.0`; `msn_train.py` clips "
-            "`encoder.parameters()` (not the prototypes)"),
-        Row("batch_size", 1024, "the config (64 per GPU) on the README's 16 GPUs", ours=512,
-            why="64 per GPU on one node of 8 GPUs (the lr is not scaled, as in MSN)."),
+        Row(
+            "weight_decay",
+            Sched("cosine", start=0.04, end=0.4),
+            "the config `weight_decay`, `final_weight_decay`",
+        ),
+        Row(
+            "wd_exempt",
+            ("bias", "norm", "prototypes"),
+            "`init_opt` (bias, bn and 1-D parameters; the prototypes)",
+        ),
+        Row(
+            "grad_clip",
+            "global 3 excluding prototypes",
+            "the config `clip_grad: 3.0`; `msn_train.py` clips "
+            "`encoder.parameters()` (not the prototypes)",
+        ),
+        Row(
+            "batch_size",
+            1024,
+            "the config (64 per GPU) on the README's 16 GPUs",
+            ours=512,
+            why="64 per GPU on one node of 8 GPUs (the lr is not scaled, as in MSN).",
+        ),
         Row("epochs", 800, "the config `epochs`"),
         Row("LOSS.msn_loss.temperature", 0.1, "the config `temperature`", label="temperature"),
-        Row("LOSS.msn_loss.target_temperature", 0.025, "the config `start_sharpen: 0.25` x 0.1",
-            label="target temperature"),
-        Row("LOSS.msn_loss.me_max_weight", 1.0, "the config `memax_weight`",
-            label="me-max weight"),
+        Row(
+            "LOSS.msn_loss.target_temperature",
+            0.025,
+            "the config `start_sharpen: 0.25` x 0.1",
+            label="target temperature",
+        ),
+        Row("LOSS.msn_loss.me_max_weight", 1.0, "the config `memax_weight`", label="me-max weight"),
         Row("LOSS.msn_loss.use_sinkhorn", True, "the config `use_sinkhorn`", label="Sinkhorn"),
-        Row("LOSS.msn_loss.momentum", 0.996, "`msn_train.py` (`_start_m`)",
-            label="target momentum (start)"),
-        Row("MODEL.HEAD.PARAMS.0.1.num_prototypes", 1024, "the config `num_proto`",
-            label="prototypes"),
+        Row(
+            "LOSS.msn_loss.momentum",
+            0.996,
+            "`msn_train.py` (`_start_m`)",
+            label="target momentum (start)",
+        ),
+        Row(
+            "MODEL.HEAD.PARAMS.0.1.num_prototypes",
+            1024,
+            "the config `num_proto`",
+            label="prototypes",
+        ),
         Row(
             "crops",
             ((2, 224, (0.3, 1.0)), (10, 96, (0.05, 0.3))),

@@ -93,7 +93,7 @@ def _describe_ours(ours: Any, expected: Any, recipe: probes.Recipe) -> str:
         per = ours * expected.per / recipe.global_batch
         return f"{ours:g} at batch {recipe.global_batch} (= {per:g} per {expected.per} linear)"
     if isinstance(expected, Sched) and isinstance(ours, Sched) and expected.end_rel is not None:
-        rel = ours.end / ours.start if ours.start else float("nan")
+        rel = ours.end / ours.start if ours.start and ours.end is not None else float("nan")
         return f"{show(ours)} (end = {rel:g} x start)"
     return show(ours) if not isinstance(ours, str) else ours
 
@@ -107,8 +107,7 @@ def test_card_field_equals_config(card: Card, config: str, row: Row) -> None:
         want = (
             f"theirs {show(row.theirs)}"
             if not row.differs_in(config)
-            else f"the recorded deliberate difference {show(expected)} (theirs "
-            f"{show(row.theirs)})"
+            else f"the recorded deliberate difference {show(expected)} (theirs {show(row.theirs)})"
         )
         if isinstance(expected, Lr):
             want += f" = {expected.at(recipe.global_batch):g} at batch {recipe.global_batch}"
