@@ -43,11 +43,11 @@ NO_DATA = [
 class Recipe:
     """One composed pretraining config and what the card fields read from it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, overrides: tuple[str, ...] = ()) -> None:
         self.name = name
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _, self.cfg = hydra_compose_and_validate([f"config={name}", *NO_DATA])
+            _, self.cfg = hydra_compose_and_validate([f"config={name}", *overrides, *NO_DATA])
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -115,9 +115,9 @@ def _meta_device():
 
 
 @functools.cache
-def recipe(name: str) -> Recipe:
-    """The composed config ``name``, composed once per test process."""
-    return Recipe(name)
+def recipe(name: str, overrides: tuple[str, ...] = ()) -> Recipe:
+    """The composed config ``name`` (with ``overrides``), composed once per test process."""
+    return Recipe(name, overrides)
 
 
 # ---------------------------------------------------------------------- field readers

@@ -22,6 +22,7 @@ from tests.config.recipe_cards import (
     CARDS,
     METHODS_DOCS,
     SAME,
+    SIMCLR,
     Card,
     Lr,
     Row,
@@ -126,6 +127,22 @@ def test_card_equals_config(card: Card, config: str) -> None:
             f"{len(failures)} of {len(card.rows)} fields differ:\n" + "\n".join(failures),
             pytrace=False,
         )
+
+
+def test_simclr_batch_group_file_keeps_the_card() -> None:
+    """SimCLR writes its lr out (auto-scaling would drop its warm-up on one node), so the
+    group file that changes the batch to 4096 must bring SimCLR's lr at 4096 with it."""
+    recipe = probes.recipe(
+        "pretrain/simclr/simclr_8gpu_resnet", ("+config/pretrain/simclr/optimization=bs32_16nodes",)
+    )
+    assert recipe.global_batch == 4096
+    failures = [
+        m
+        for row in SIMCLR.rows
+        if row.field in ("lr", "warmup_epochs", "warmup_start", "lr_schedule", "batch_size")
+        and (m := mismatch(SIMCLR, "pretrain/simclr/simclr_8gpu_resnet+bs32_16nodes", row, recipe))
+    ]
+    assert not failures, "\n".join(failures)
 
 
 def test_deliberate_differences_differ_and_say_why() -> None:
