@@ -199,15 +199,17 @@ def test_bad_values_name_the_key(values: dict[str, Any], key: str, hint: str) ->
     assert err.value.key_path == f"{KEY}.{key}"
 
 
-def test_a_bad_value_stops_config_validation() -> None:
-    with pytest.raises(ConfigError, match="POS_EMBED"):
-        hydra_compose_and_validate(
-            [
-                "config=quick_start",
-                "config.MODEL.TRUNK.NAME=vision_transformer",
-                f"{KEY}.POS_EMBED=fixed",
-            ]
-        )
+def test_a_bad_value_from_the_config_stops_the_model_build() -> None:
+    _, cfg = hydra_compose_and_validate(
+        [
+            "config=quick_start",
+            "config.MODEL.TRUNK.NAME=vision_transformer",
+            f"{KEY}.POS_EMBED=fixed",
+        ]
+    )
+    with pytest.raises(ConfigError, match="POS_EMBED") as err:
+        build_model(cfg.MODEL, cfg.OPTIMIZER)
+    assert err.value.key_path == f"{KEY}.POS_EMBED"
 
 
 # ----------------------------------------------------------------------------- INIT
