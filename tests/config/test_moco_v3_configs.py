@@ -125,8 +125,13 @@ def test_config_builds_with_consistent_numbers(name: str, one_thread) -> None:
         assert trunk.blocks[0].attn.num_heads == 12  # MoCo v3's ViT-S, not DeiT-S's 6
         assert cfg.OPTIMIZER.weight_decay == pytest.approx(0.1)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-        assert sorted(frozen) == ["trunk.patch_embed.proj.bias", "trunk.patch_embed.proj.weight"]
-        assert len(grouped) == sum(1 for _ in model.parameters()) - 2
+        # the random patch projection and the fixed sin-cos position embedding
+        assert sorted(frozen) == [
+            "trunk.patch_embed.proj.bias",
+            "trunk.patch_embed.proj.weight",
+            "trunk.pos_embed",
+        ]
+        assert len(grouped) == sum(1 for _ in model.parameters()) - 3
 
 
 @pytest.mark.slow
