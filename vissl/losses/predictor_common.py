@@ -122,10 +122,22 @@ def check_two_views(config: Mapping[str, Any], key: str, method: str) -> None:
 
 
 def infer_predictor_config(
-    params: MutableMapping[str, Any], config: Mapping[str, Any], loss_name: str, method: str
+    params: MutableMapping[str, Any],
+    config: Mapping[str, Any],
+    loss_name: str,
+    method: str,
+    dim_key: str = "embedding_dim",
 ) -> None:
     """The ``infer_config`` of a loss comparing predictions with projections of the same
-    width (BYOL, SimSiam): ``embedding_dim`` from the head, 2 views.
+    width (BYOL, SimSiam, NNCLR): the width from the head, 2 views.
+
+    Args:
+        params: ``LOSS.<loss_name>``, completed in place.
+        config: the whole config.
+        loss_name: the loss's name (its key under LOSS).
+        method: the method's name, for messages.
+        dim_key: where the width goes in ``params``, dotted (VISSL's keys put it under
+            ``buffer_params.embedding_dim``).
 
     Raises:
         ConfigError: HEAD.PARAMS is not ``[projector, predictor]``, their output widths
@@ -140,9 +152,13 @@ def infer_predictor_config(
             f"predictions of {prediction}; end the predictor's dims with {projection}.",
             _HEAD_KEY,
         )
-    if params.get("embedding_dim") != projection:
-        logger.info("%s.embedding_dim set to %d, the head's output width", key, projection)
-        params["embedding_dim"] = projection
+    *parents, leaf = dim_key.split(".")
+    node = params
+    for part in parents:
+        node = node.setdefault(part, {})
+    if node.get(leaf) != projection:
+        logger.info("%s.%s set to %d, the head's output width", key, dim_key, projection)
+        node[leaf] = projection
     check_two_views(config, key, method)
 
 
@@ -158,15 +174,18 @@ def single_output(output: Any, method: str) -> torch.Tensor:
     return output
 
 
-def checked_prediction(output: Any, method: str, embedding_dim: int) -> torch.Tensor:
+def checked_prediction(
+    output: Any, method: str, embedding_dim: int, key: str | None = None
+) -> torch.Tensor:
     """The predictor's output ``(2 * B, embedding_dim)`` of a model output.
 
     Raises:
-        ConfigError: its width is not ``config.LOSS.<method>.embedding_dim``.
+        ConfigError: its width is not ``embedding_dim``; the error names ``key``
+            (default ``config.LOSS.<method>.embedding_dim``).
     """
     prediction = single_output(output, method)
     if prediction.ndim != 2 or prediction.shape[1] != embedding_dim:
-        key = f"config.LOSS.{method}.embedding_dim"
+        key = key or f"config.LOSS.{method}.embedding_dim"
         raise ConfigError(
             f"{key} is {embedding_dim} but the model outputs shape "
             f"{tuple(prediction.shape)}; set it to the predictor's last dim.",
