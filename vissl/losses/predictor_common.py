@@ -1,4 +1,4 @@
-"""What the predictor methods share: BYOL and SimSiam (MoCo v3 and NNCLR are to use it too).
+"""What the predictor methods share: BYOL, SimSiam, MoCo v3 and NNCLR.
 
 **The model.** ``MODEL.HEAD.PARAMS`` is a flat chain ``[projector, predictor]`` (VISSL
 main's BYOL layout): the trunk feature goes through the projector (one or more head
@@ -14,6 +14,19 @@ predictor's, ``p``. Each module is an ``mlp`` whose ``dims`` say its widths::
 **The batch.** Two views of each sample, view-major (``simclr_collator`` after
 ``ImgReplicatePil`` with ``num_times: 2``, or ``multicrop_collator`` with 2 crops): the
 output's rows ``0..B-1`` are view 1 and ``B..2B-1`` view 2.
+
+**Both views in one forward.** The model (and a target network) runs once on the ``2B``
+rows of both views, so every BatchNorm of trunk and heads normalises with statistics over
+both views together (over the global ``2 * W * B`` rows with SyncBN), and its running
+statistics get one update per step. The references normalise each view on its own:
+SimSiam's ``SimSiam.forward`` calls ``encoder(x1)`` and ``encoder(x2)``, MoCo v3's
+``MoCo.forward`` calls ``base_encoder`` and ``momentum_encoder`` once per view, BYOL's
+``byol_experiment.py`` applies its network to each view separately (``apply_once_fn``),
+and NNCLR's paper describes no joint forward. The views are drawn from the same
+distribution (MoCo v3's and BYOL's asymmetric augmentations aside), so the batch
+statistics of ``2B`` rows estimate the same moments as those of ``B`` with less noise;
+the difference is expected to be small, and with SyncBN over a large global batch
+smaller still. No config switches it.
 
 **Projections.** SimSiam and NNCLR also need the projector's output ``z`` of the same
 forward pass: :class:`ProjectionCapture` keeps the predictor's input (a forward pre-hook
