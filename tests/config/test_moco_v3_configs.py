@@ -93,8 +93,8 @@ def layout(head: torch.nn.Module) -> list[str]:
 # 2-layer predictor, both with last_bn.
 HIDDEN = ["Linear", "BN", "ReLU"]
 AUTHORS_LAYOUT = {
-    "resnet": (HIDDEN + ["Linear", "BN-"], HIDDEN + ["Linear"]),
-    "vits": (HIDDEN * 2 + ["Linear", "BN-"], HIDDEN + ["Linear", "BN-"]),
+    "resnet": ([*HIDDEN, "Linear", "BN-"], [*HIDDEN, "Linear"]),
+    "vits": ([*HIDDEN, *HIDDEN, "Linear", "BN-"], [*HIDDEN, "Linear", "BN-"]),
 }
 
 

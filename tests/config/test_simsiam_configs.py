@@ -52,7 +52,7 @@ def test_model_is_built_as_the_authors_build_it(gpus: int, one_thread) -> None:
     hidden = ["Linear", "BN", "ReLU"]
     # SimSiam's projector: its last Linear's bias is frozen (requires_grad False) and
     # cancelled by the BN after it; here it has none
-    assert layout(projector) == hidden * 2 + ["Linear", "BN-"]
+    assert layout(projector) == [*hidden, *hidden, "Linear", "BN-"]
     assert isinstance(projector.clf[-1], nn.BatchNorm1d)
     assert projector.clf[-1].num_features == 2048
     # the predictor's first Linear keeps a bias (SimSiam's has none), which the BN after
