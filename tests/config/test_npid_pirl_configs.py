@@ -56,7 +56,8 @@ def test_config_builds_with_the_numbers_of_its_comments(name: str) -> None:
         assert schedules.values(0.81)["lr"] == pytest.approx(peak / 100)
     else:
         assert loss.loss_weights == [0.5, 0.5] and loss.update_index == 1
-        assert schedules.values(1.0)["lr"] == pytest.approx(0.0, abs=1e-9)
+        # VISSL's PIRL config: the cosine ends at 1/1000 of the peak
+        assert schedules.values(1.0)["lr"] == pytest.approx(peak / 1000, rel=1e-4)
 
 
 @pytest.mark.slow

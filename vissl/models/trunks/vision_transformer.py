@@ -43,8 +43,9 @@ MASKED_IMAGE_MODELING.NAME:
   position embedding: one random set per forward (per group of same-size crops), the same
   for every image, ``floor(L (1 - drop_ratio))`` of the ``L`` patches kept (in patch order),
   the class token always. Inputs of fewer than ``PARAMS.global_view_tokens`` patches (VISSL:
-  196, so MSN's 96 px focal crops) are left whole; 0 drops patches of every input (MSN's
-  paper and code drop them from the focal views too). The draw comes from torch's global
+  196, so MSN's 96 px focal crops) are left whole, as in MSN's code (``src/deit.py`` drops
+  patches of its first, 224 px, group of crops only); 0 drops patches of every input, the
+  focal views' too (an ablation). The draw comes from torch's global
   generator (as drop path's), whose state the checkpoints hold, so a resume draws the same
   sets. In eval mode (evaluation, EMA target encoders) nothing is dropped.
 
