@@ -100,6 +100,13 @@ def build_param_groups(
                 key,
             )
         head = get_section(optimizer_config, "head_optimizer_params", _PATH)
+        if head.get("head_indices") is not None:
+            raise ConfigError(
+                f"{_PATH}.head_optimizer_params.head_indices chooses the head groups of the "
+                f"'default' param-group constructor, but {key} is {name!r}. Drop "
+                "head_indices, or use the 'default' constructor.",
+                f"{_PATH}.head_optimizer_params.head_indices",
+            )
         for option in ("use_different_lr", "use_different_wd"):
             if get_bool(head, option, f"{_PATH}.head_optimizer_params"):
                 logger.warning(
