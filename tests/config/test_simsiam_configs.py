@@ -55,8 +55,7 @@ def test_model_is_built_as_the_authors_build_it(gpus: int, one_thread) -> None:
     assert layout(projector) == [*hidden, *hidden, "Linear", "BN-"]
     assert isinstance(projector.clf[-1], nn.BatchNorm1d)
     assert projector.clf[-1].num_features == 2048
-    # the predictor's first Linear keeps a bias (SimSiam's has none), which the BN after
-    # it cancels; its last Linear has one, as SimSiam's
-    assert layout(predictor) == ["Linear+b", "BN", "ReLU", "Linear+b"]
+    # the predictor's first Linear has no bias, its last Linear one, as SimSiam's
+    assert layout(predictor) == ["Linear", "BN", "ReLU", "Linear+b"]
     linears = [m for m in predictor.modules() if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(2048, 512), (512, 2048)]

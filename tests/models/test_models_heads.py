@@ -148,6 +148,28 @@ def test_mlp_last_bn_is_a_batchnorm_alone_after_the_last_linear() -> None:
     assert layer_types(mlp(dims=[8, 16, 4], use_bn=True)) == [nn.Linear, nn.BatchNorm1d, nn.Linear]
 
 
+def test_mlp_use_bias_per_linear_layer() -> None:
+    """``use_bias`` as a list, one per Linear: BYOL's MLP drops the last layer's bias,
+    SimSiam's predictor the first's; a bool still sets them all."""
+    linears = [
+        m
+        for m in mlp(dims=[8, 16, 4], use_bias=[False, True]).modules()
+        if isinstance(m, nn.Linear)
+    ]
+    assert [m.bias is not None for m in linears] == [False, True]
+    linears = [
+        m for m in mlp(dims=[8, 16, 4], use_bias=False).modules() if isinstance(m, nn.Linear)
+    ]
+    assert [m.bias is not None for m in linears] == [False, False]
+
+
+@pytest.mark.parametrize("use_bias", [[True], [True, False, True], "no", [1, 0]])
+def test_mlp_bad_use_bias_is_a_config_error(use_bias: object) -> None:
+    with pytest.raises(ConfigError, match="one per Linear layer") as err:
+        mlp(dims=[8, 16, 4], use_bias=use_bias)
+    assert err.value.key_path == "config.MODEL.HEAD.PARAMS"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

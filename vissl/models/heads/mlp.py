@@ -63,6 +63,26 @@ def check_last_bn(
         )
 
 
+def check_use_bias(use_bias: Any, num_linear: int, head: str) -> list[bool]:
+    """``use_bias`` as one bool per Linear layer: a bool for all of them, or a list of
+    ``num_linear`` bools (BYOL's and SimSiam's heads drop the bias of some layers only)."""
+    if isinstance(use_bias, bool):
+        return [use_bias] * num_linear
+    if (
+        isinstance(use_bias, Sequence)
+        and not isinstance(use_bias, str)
+        and len(use_bias) == num_linear
+        and all(isinstance(b, bool) for b in use_bias)
+    ):
+        return list(use_bias)
+    raise ConfigError(
+        f"{_KEY}: head {head!r} needs `use_bias` true or false, or a list of {num_linear} "
+        f"of them (one per Linear layer, as `dims` has {num_linear + 1} sizes); got "
+        f"{use_bias!r}.",
+        _KEY,
+    )
+
+
 def scale_head_weights(module: nn.Module, model_config: Mapping[str, Any]) -> None:
     """Multiply every Linear weight and bias by MODEL.HEAD.PARAMS_MULTIPLIER."""
     multiplier = float(cfg_get(model_config, "HEAD.PARAMS_MULTIPLIER", 1.0))
@@ -100,7 +120,8 @@ class MLP(nn.Module):
         use_bn: add BatchNorm1d after each Linear.
         use_relu: add ReLU after each Linear (after BN).
         use_dropout: add Dropout after each Linear (after ReLU).
-        use_bias: Linear layers with bias.
+        use_bias: Linear layers with bias: one bool for all, or one per Linear layer
+            (``[True, False]``: no bias in the last; a list is new in vissl).
         skip_last_layer_relu_bn: no BN/ReLU/Dropout after the last Linear.
         last_bn: a BatchNorm1d, and nothing else, after the last Linear (needs
             ``skip_last_layer_relu_bn: True``).
@@ -108,7 +129,7 @@ class MLP(nn.Module):
             ``last_bn: True`` when False).
 
     Raises:
-        ConfigError: bad ``dims``, or contradictory ``last_bn`` settings.
+        ConfigError: bad ``dims`` or ``use_bias``, or contradictory ``last_bn`` settings.
     """
 
     def __init__(
@@ -118,7 +139,7 @@ class MLP(nn.Module):
         use_bn: bool = False,
         use_relu: bool = False,
         use_dropout: bool = False,
-        use_bias: bool = True,
+        use_bias: bool | Sequence[bool] = True,
         skip_last_layer_relu_bn: bool = True,
         last_bn: bool = False,
         last_bn_affine: bool = True,
@@ -130,8 +151,9 @@ class MLP(nn.Module):
         momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
         layers: list[nn.Module] = []
         n = len(dims) - 1
+        biases = check_use_bias(use_bias, n, "mlp")
         for i in range(n):
-            layers.append(nn.Linear(dims[i], dims[i + 1], bias=use_bias))
+            layers.append(nn.Linear(dims[i], dims[i + 1], bias=biases[i]))
             if i == n - 1 and skip_last_layer_relu_bn:
                 break
             if use_bn:
