@@ -6,7 +6,11 @@ The CI test shortens the pretraining to 6 of quick_start's 30 epochs (same model
 recipe; about 4% kNN error against 6.1% at random init) and checks that the probe measured
 the pretrained trunk and that it already beats its random init; ``-m slow`` runs the whole
 quick start (about 2% against 6.1%) and each method's digits recipe (``configs/config/digits/``,
-3 to 5 minutes each on 2 cores), which keep quick_start's trunk so the same probe applies."""
+3 to 5 minutes each on 2 cores), which keep quick_start's trunk so the same probe applies.
+The methods with an EMA teacher / target encoder (DINO, iBOT, DINOv2, MSN) are read on it,
+as their authors evaluate: ``digits/dino`` through quick_start's probe with the group file
+``digits/encoder=teacher``, the ViT recipes through their own probes (``nn_digits_ibot``,
+``nn_digits_msn``), which read the teacher by default."""
 
 from __future__ import annotations
 
@@ -49,11 +53,14 @@ def _pretrain(folder: Path, *overrides: str, config: str = "quick_start") -> str
     return final
 
 
-def _knn(folder: Path, params_file: str, knn_config: str = KNN_CONFIG) -> tuple[float, np.ndarray]:
+def _knn(
+    folder: Path, params_file: str, knn_config: str = KNN_CONFIG, *overrides: str
+) -> tuple[float, np.ndarray]:
     """kNN top-1 error (%) of the probe and the TEST features it used."""
     out = _tool(
         "nearest_neighbor_test.py",
         knn_config,
+        *overrides,
         f"config.MODEL.WEIGHTS_INIT.PARAMS_FILE={params_file}",
         f"config.CHECKPOINT.DIR={folder}",
     )
@@ -91,7 +98,6 @@ def test_quick_start_trunk_beats_its_random_init_on_the_knn_probe(tmp_path: Path
         "digits/moco",
         "digits/swav",
         "digits/simclr_multicrop",
-        "digits/dino",
         "digits/barlow_twins",
         "digits/byol",
         "digits/simsiam",
@@ -122,18 +128,50 @@ def test_mae_digits_recipe_beats_its_random_init_vit_on_its_knn_probe(tmp_path: 
     assert err < rand_err, f"digits/mae {err:.2f}% vs random init {rand_err:.2f}% kNN error"
 
 
+# The group file that makes a digits probe read the other encoder of a checkpoint
+TEACHER = "+config/benchmark/nearest_neighbor/digits/encoder=teacher"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["digits/ibot", "digits/dinov2", "digits/dino_vit"])
-def test_vit_self_distillation_digits_recipe_beats_its_random_init_vit(
-    tmp_path: Path, config: str
+def test_dino_digits_recipe_teacher_beats_random_init_on_the_knn_probe(tmp_path: Path) -> None:
+    """digits/dino on quick_start's ResNet, read on its EMA teacher (what DINO evaluates:
+    eval_knn.py --checkpoint_key teacher), against the same trunk at random init."""
+    final = _pretrain(tmp_path / "pretrain", config="digits/dino")
+    err, _ = _knn(tmp_path / "knn", final, KNN_CONFIG, TEACHER)
+    rand_err, _ = _knn(tmp_path / "knn_random", "", KNN_CONFIG, TEACHER)
+    assert err < rand_err, f"digits/dino teacher {err:.2f}% vs random init {rand_err:.2f}%"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config,probe",
+    [
+        pytest.param(
+            "digits/ibot",
+            "nn_digits_ibot",
+            # measured on main 10ef0e9: the teacher 58.77% against 57.10% (its student
+            # 51.81%); with teacher_momentum 0.9 the teacher 46.24% (docs/methods/ibot.md)
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="digits/ibot's teacher (momentum 0.99) does not beat random init",
+            ),
+        ),
+        ("digits/dinov2", "nn_digits_ibot"),
+        ("digits/dino_vit", "nn_digits_ibot"),
+        ("digits/msn", "nn_digits_msn"),
+    ],
+)
+def test_vit_self_distillation_digits_recipe_teacher_beats_its_random_init_vit(
+    tmp_path: Path, config: str, probe: str
 ) -> None:
-    """The digits ViT of iBOT, DINOv2 and DINO, probed by its own config (the [CLS] token at
-    16 px)."""
-    probe = "config=benchmark/nearest_neighbor/digits/nn_digits_ibot"
+    """The digits ViT of iBOT, DINOv2, DINO and MSN, probed by its own config (the [CLS]
+    token at 16 px; MSN's the mean patch token), which reads the EMA teacher / target
+    encoder, what these methods' authors evaluate."""
+    knn = f"config=benchmark/nearest_neighbor/digits/{probe}"
     final = _pretrain(tmp_path / "pretrain", config=config)
-    err, _ = _knn(tmp_path / "knn", final, probe)
-    rand_err, _ = _knn(tmp_path / "knn_random", "", probe)
-    assert err < rand_err, f"{config} {err:.2f}% vs random init {rand_err:.2f}% kNN error"
+    err, _ = _knn(tmp_path / "knn", final, knn)
+    rand_err, _ = _knn(tmp_path / "knn_random", "", knn)
+    assert err < rand_err, f"{config} teacher {err:.2f}% vs random init {rand_err:.2f}% kNN error"
 
 
 @pytest.mark.slow
