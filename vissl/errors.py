@@ -78,3 +78,27 @@ class TrainingInterrupted(VisslError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class RunFolderError(ConfigError):
+    """``CHECKPOINT.DIR`` cannot take this run without losing or mixing another's files.
+
+    Raised before anything in the folder changes: the folder holds a finished run of
+    another config, or another live run holds its lock. The message names the folder's
+    run and how to start a new one; ``key_path`` is ``config.CHECKPOINT.DIR``.
+    """
+
+    def __init__(self, message: str, key_path: str | None = "config.CHECKPOINT.DIR") -> None:
+        super().__init__(message, key_path)
+
+
+class RunFolderLockedError(RunFolderError):
+    """Another live run holds the lock of ``CHECKPOINT.DIR`` (the message names it)."""
+
+
+class ResumeMismatchError(RunFolderError):
+    """``CHECKPOINT.AUTO_RESUME`` found a checkpoint of another model in ``CHECKPOINT.DIR``.
+
+    Raised before the folder changes (``train_config.yaml``, ``log.txt`` are untouched);
+    the message names the checkpoint's run and how to start a new one.
+    """

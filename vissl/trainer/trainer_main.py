@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Any
 
 import torch
@@ -46,6 +47,8 @@ from vissl.trainer.stopping import NO_STOP, StopController
 from vissl.trainer.task import SelfSupervisionTask
 from vissl.trainer.train_steps import get_train_step
 from vissl.utils.distributed import barrier, is_primary
+from vissl.utils.hydra_config import config_to_yaml
+from vissl.utils.logger import start_log_file
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +95,21 @@ class SelfSupervisionTrainer:
         owner = step.func if isinstance(step, functools.partial) else step
         self._add_required_hooks(task, owner)
         restore_or_initialise(task, self.checkpoint_path)
+        self._commit_run_folder()
         return task
+
+    def _commit_run_folder(self) -> None:
+        """The run owns its folder from here (the resume fitted): rank 0 writes
+        ``train_config.yaml`` and starts ``log.txt`` if its start was deferred."""
+        if not is_primary():
+            return
+        start_log_file()
+        path = os.path.join(self.checkpoint_folder, "train_config.yaml")
+        os.makedirs(self.checkpoint_folder, exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(config_to_yaml(self.cfg))
+        os.replace(tmp, path)
 
     @staticmethod
     def _add_required_hooks(task: SelfSupervisionTask, step: Any) -> None:
