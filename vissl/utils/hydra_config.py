@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -62,12 +63,44 @@ def _unknown_override(overrides: Sequence[str], err: BaseException) -> UnknownKe
 _MISSING_CONFIG = re.compile(r"Could not find '(config/[^']+)'")
 
 
+def _is_shipped_configs(folder: Path) -> bool:
+    return (folder / "__init__.py").is_file() and (folder / "config").is_dir()
+
+
+def shipped_configs_dir() -> Path | None:
+    """The ``configs`` folder shipped with vissl (holding ``config/quick_start.yaml``...).
+
+    Found beside the ``vissl`` package (a checkout, an editable install, or the
+    site-packages of an install), else through Python's import system. Not through a bare
+    ``import configs``: a ``configs/`` folder of the user's project in the current folder
+    (a namespace package, without ``__init__.py``) shadows the shipped package there.
+    """
+    import vissl
+
+    beside = Path(vissl.__file__).resolve().parent.parent / "configs"
+    if _is_shipped_configs(beside):
+        return beside
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            spec = find_spec("configs", None)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            if _is_shipped_configs(Path(location)):
+                return Path(location)
+    return None
+
+
 def config_search_dirs() -> list[Path]:
     """The folders ``config=NAME`` is looked up in: ``configs/config`` of the vissl
     installation and of the current folder (as in VISSL)."""
-    import configs
-
-    dirs = [Path(configs.__file__).parent / "config", Path.cwd() / "configs" / "config"]
+    shipped = shipped_configs_dir()
+    dirs = [Path.cwd() / "configs" / "config"]
+    if shipped is not None:
+        dirs.insert(0, shipped / "config")
     seen: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [x.resolve() for x in seen]:
@@ -145,14 +178,28 @@ def _open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+def _search_path_override() -> list[str]:
+    """``hydra.searchpath`` naming the shipped configs by their folder, not as
+    ``pkg://configs``, which a ``configs/`` folder in the current folder shadows."""
+    shipped = shipped_configs_dir()
+    if shipped is None or "'" in str(shipped):
+        return []  # defaults.yaml's pkg://configs and file://configs
+    return [f"hydra.searchpath=['file://{shipped}','file://configs']"]
+
+
 def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
     """Compose the defaults with ``config=NAME``, ``+config/group/sub=file`` and overrides.
+
+    ``config=NAME`` is looked up in the configs shipped with vissl, then in
+    ``./configs/config`` of the current folder (see :func:`config_search_dirs`).
 
     Raises:
         ConfigError: no ``config=``, a config name that does not exist, or an override of
             an unknown key (with the closest valid key).
     """
     overrides = _open_mapping_overrides(overrides)
+    if not any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        overrides = [*overrides, *_search_path_override()]
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:
