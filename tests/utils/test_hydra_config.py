@@ -54,3 +54,65 @@ def test_a_missing_config_is_the_not_found_error_from_a_project_with_configs(pro
     assert "config=my_exp/mien: no such config" in message
     assert str(Path(project) / "configs" / "config") in message
     assert "Closest: my_exp/mine" in message
+
+
+# ---------------------------------------------------------------------- list entries
+def test_a_list_entry_is_addressed_by_its_name():
+    """#41 item 5: the crop size by name, the same override for every config that has
+    the transform, instead of its index (TRANSFORMS.1.size here, 0 elsewhere)."""
+    _, cfg = hydra_compose_and_validate(
+        ["config=quick_start", "config.DATA.TRAIN.TRANSFORMS.RandomResizedCrop.size=32"]
+    )
+    assert cfg.DATA.TRAIN.TRANSFORMS[1] == {
+        "name": "RandomResizedCrop",
+        "size": 32,
+        "scale": [0.5, 1.0],
+    }
+    _, cfg = hydra_compose_and_validate(
+        ["config=digits/dino", "config.DATA.TRAIN.TRANSFORMS.ImgPilToMultiCrop.size_crops=[16]"]
+    )
+    assert cfg.DATA.TRAIN.TRANSFORMS[0].size_crops == [16]
+    _, cfg = hydra_compose_and_validate(
+        ["config=quick_start", "+config.DATA.TRAIN.TRANSFORMS.RandomResizedCrop.ratio=[0.5,2.0]"]
+    )
+    assert cfg.DATA.TRAIN.TRANSFORMS[1].ratio == [0.5, 2.0]
+
+
+ENTRIES = (
+    "[0] ImgReplicatePil (num_times=2), [1] RandomResizedCrop (size=8, scale=[0.5, 1.0]), "
+    "[2] ColorJitter (brightness=0.6, contrast=0.6), [3] ToTensor, [4] Normalize"
+)
+
+
+@pytest.mark.parametrize(
+    "override,what",
+    [
+        (
+            "config.DATA.TRAIN.TRANSFORMS.5.size=32",
+            "config.DATA.TRAIN.TRANSFORMS has 5 entries, so there is no index 5",
+        ),
+        (
+            "config.DATA.TRAIN.TRANSFORMS.0.size=32",
+            "config.DATA.TRAIN.TRANSFORMS.0 is ImgReplicatePil, which does not set 'size'",
+        ),
+        (
+            "config.DATA.TRAIN.TRANSFORMS.RandomCrop.size=32",
+            "config.DATA.TRAIN.TRANSFORMS has no entry named 'RandomCrop'",
+        ),
+    ],
+)
+def test_a_bad_list_index_or_name_says_what_is_at_each_index(override, what):
+    with pytest.raises(ConfigError) as info:
+        hydra_compose_and_validate(["config=quick_start", override])
+    message = str(info.value)
+    assert what in message
+    assert ENTRIES in message
+    assert "config.DATA.TRAIN.TRANSFORMS.RandomResizedCrop.size=8" in message  # the example
+    assert info.value.key_path == "config.DATA.TRAIN.TRANSFORMS"
+
+
+def test_an_ambiguous_name_asks_for_the_index():
+    with pytest.raises(ConfigError, match=r"has 2 entries named 'mlp' \(\[0, 1\]\)"):
+        hydra_compose_and_validate(
+            ["config=quick_start", "config.MODEL.HEAD.PARAMS.mlp.1.dims=[1]"]
+        )
