@@ -380,7 +380,7 @@ def _compose(overrides: Sequence[str], explain_entries: bool = False) -> DictCon
             # `file://configs` is only there when running from a checkout; not an error.
             warnings.filterwarnings("ignore", message=r"provider=hydra.searchpath.*not available")
             with initialize_config_module(config_module="vissl.config", version_base=None):
-                return compose("defaults", overrides=overrides)
+                return compose("defaults", overrides=list(overrides))
     except MissingConfigException as err:
         raise _missing_config_error(err, overrides) from None
     except yaml.YAMLError as err:
