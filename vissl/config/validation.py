@@ -24,16 +24,12 @@ from typing import Any
 
 import yaml
 
-from vissl.errors import ConfigError, UnknownKeyError
+from vissl.errors import ConfigError, UnknownKeyError, UnsupportedConfigWarning
 from vissl.utils.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
-
-
-class UnsupportedConfigWarning(UserWarning):
-    """A config key VISSL knows but vissl does not implement yet."""
 
 
 # Subtrees whose content is free-form (validated by the component that reads them).
@@ -543,7 +539,10 @@ def _split_used(cfg: Mapping[str, Any], split: str) -> bool:
 
 def warn_not_implemented(cfg: Mapping[str, Any]) -> None:
     """Warn for each key of :data:`NOT_IMPLEMENTED` set to other than its inert value."""
+    amp_on = bool(((cfg.get("MODEL") or {}).get("AMP_PARAMS") or {}).get("USE_AMP"))
     for path, inert in NOT_IMPLEMENTED.items():
+        if path.startswith("MODEL.AMP_PARAMS.") and not amp_on:
+            continue  # (AMP is off: its arguments are not used at all)
         if _has(cfg, path) and _get(cfg, path) != inert:
             _warn(
                 f"config.{path}={_get(cfg, path)!r}: vissl does not implement this VISSL option "

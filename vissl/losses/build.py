@@ -41,7 +41,7 @@ def _resolve_torch_loss(name: str) -> Any:
     return obj if _is_torch_loss_class(obj) else None
 
 
-LOSS_REGISTRY.add_fallback(_resolve_torch_loss)
+LOSS_REGISTRY.add_fallback(_resolve_torch_loss, torch_loss_names, "every torch.nn loss class")
 
 
 def _loss_params(loss_config: Mapping[str, Any], name: str) -> AttrDict:

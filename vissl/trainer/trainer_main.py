@@ -209,7 +209,7 @@ class SelfSupervisionTrainer:
             path = save_iteration_checkpoint(task)
         elif task.train and not task.checkpoints_written_this_phase:
             path = save_task_checkpoint(task, f"model_phase{task.phase_idx}.torch", True)
-        where = f"iteration {task.iteration} (phase {task.phase_idx})"
+        where = f"iteration {task.iteration} (phase {task.phase_idx + 1}/{len(task.phases)})"
         saved = f"; saved {path}" if path else ""
         if task.stop_kind == "preempted":
             logger.warning(
@@ -289,7 +289,10 @@ class SelfSupervisionTrainer:
         if resuming:
             restore_mid_phase(task)
             logger.info(
-                "resumed inside phase %d after %d batches", task.phase_idx, task.local_iteration_num
+                "resumed inside phase %d/%d after %d batches",
+                task.phase_idx + 1,
+                len(task.phases),
+                task.local_iteration_num,
             )
         if task.train and task.param_schedulers is not None:
             task.param_schedulers.apply(task.optimizer, task.where, "epoch")

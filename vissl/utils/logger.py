@@ -8,6 +8,14 @@ import sys
 
 _FORMAT = "%(levelname)s %(asctime)s %(name)s:%(lineno)d] %(message)s"
 
+#: ``logger.info(..., extra={CONSOLE: False})``: the record goes to ``log.txt`` only (a
+#: per-phase table the console does not need every epoch).
+CONSOLE = "vissl_console"
+
+
+def _for_console(record: logging.LogRecord) -> bool:
+    return bool(getattr(record, CONSOLE, True))
+
 
 class _TqdmAwareHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes log lines through an active tqdm progress bar without garbling it.
@@ -104,6 +112,7 @@ def setup_logging(
     stream = _TqdmAwareHandler(sys.stdout)
     stream.setLevel(logging.DEBUG if verbose else logging.INFO if rank == 0 else logging.WARNING)
     stream.setFormatter(fmt)
+    stream.addFilter(_for_console)
     stream._vissl = True  # type: ignore[attr-defined]
     logger.addHandler(stream)
     if output_dir and rank == 0:
