@@ -317,3 +317,49 @@ def test_two_nodes_share_one_folder_and_resume_from_rank_0s_choice(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert [m["phase_idx"] for m in metrics] == [0, 1]
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+DIGITS = sorted(
+    p.stem
+    for p in (REPO / "configs" / "config" / "digits").glob("*.yaml")
+    if p.stem != "clusterfit"
+)
+
+
+@pytest.mark.slow
+def test_a_new_config_is_compared_as_its_checkpoints_record_it() -> None:
+    """A checkpoint records the config with what the loss inferred when the task was built
+    (DINO's output_dim from its head, crops from the transforms, queue lengths): a rerun
+    of the same config is compared in that form, or it reads as another config."""
+    from vissl.config.compare import config_differences
+    from vissl.errors import ConfigError
+    from vissl.launch.run_folder import as_recorded
+    from vissl.losses import build_loss
+
+    for name in ["quick_start", *(f"digits/{d}" for d in DIGITS)]:
+        _, cfg = hydra_compose_and_validate([f"config={name}"])
+        recorded = as_recorded(cfg)
+        try:
+            build_loss(cfg.LOSS, cfg)  # what the task does to its config
+        except ConfigError:
+            continue  # (a memory bank needs the data set's size: the task sets it)
+        assert config_differences(cfg, recorded) == [], name
+
+
+def test_a_rerun_of_a_finished_dino_run_has_nothing_to_do(tmp_path):
+    """DINO's loss fills in its output_dim from the head when the task is built; a rerun of
+    the same config is still the same run (it read as another config)."""
+    _, cfg = hydra_compose_and_validate(
+        [
+            "config=digits/dino",
+            "config.DATA.TRAIN.DATA_LIMIT=16",
+            "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
+            "config.OPTIMIZER.num_epochs=1",
+            "config.HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD=False",
+            f"config.CHECKPOINT.DIR={tmp_path}",
+        ]
+    )
+    launch_distributed(cfg)
+    first = snapshot(tmp_path)
+    assert launch_distributed(cfg) is None  # finished: nothing to do
+    assert snapshot(tmp_path) == first

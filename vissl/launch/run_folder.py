@@ -24,12 +24,14 @@ other files in the folder (``CHECKPOINT.DIR: "."`` is the current folder) stay.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
 from datetime import datetime
 from typing import Any
 
+from vissl.config.attr_dict import AttrDict
 from vissl.config.compare import (
     MODEL_KEYS,
     config_differences,
@@ -38,6 +40,7 @@ from vissl.config.compare import (
     recorded_config,
 )
 from vissl.errors import RunFolderError
+from vissl.losses import infer_loss_config
 from vissl.trainer.checkpointing import (
     ResumeChoice,
     choose_resume_checkpoint,
@@ -110,18 +113,49 @@ def move_run_aside(folder: str) -> str | None:
     return dest
 
 
-def _final_config(folder: str) -> dict[str, Any] | None:
-    """The config the newest final checkpoint records, else ``train_config.yaml``'s."""
-    finals = [name for kind, _, name in list_checkpoints(folder) if kind == "final"]
-    for name in reversed(finals):
-        recorded = recorded_config(checkpoint_config(os.path.join(folder, name)))
-        if recorded is not None:
-            return recorded
+def as_recorded(cfg: Any) -> AttrDict:
+    """``cfg`` as a checkpoint of it records it: with what the loss infers from the rest
+    of the config when the task is built (:func:`vissl.losses.infer_loss_config`), on a
+    copy. A loss that cannot infer (a config error) leaves it as it is: the run then
+    fails on that error where it always did."""
+    recorded = AttrDict(copy.deepcopy(dict(cfg)))
+    try:
+        infer_loss_config(recorded)
+    except Exception as err:
+        logger.debug("the loss's inference failed on a copy of the config: %s", err)
+    return recorded
+
+
+def _train_config(folder: str) -> dict[str, Any] | None:
+    """``train_config.yaml``'s config: the run's config as given (before the task filled
+    in what it infers), written once its resume fitted."""
     path = os.path.join(folder, "train_config.yaml")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return recorded_config(f.read())
-    return None
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return recorded_config(f.read())
+
+
+def run_differences(
+    cfg: Any, folder: str, checkpoint: str | None = None
+) -> tuple[dict[str, Any] | None, list[tuple[str, Any, Any]]]:
+    """``(the folder's run config, how cfg differs from it)`` in what a run trains.
+
+    ``train_config.yaml`` is compared with ``cfg`` as given; without it (a folder of
+    checkpoints only), the config ``checkpoint`` (default: the newest final one) records,
+    with what the task inferred, is compared with ``cfg`` in the same form
+    (:func:`as_recorded`). ``(None, [])`` when neither is there.
+    """
+    given = _train_config(folder)
+    if given is not None:
+        return given, config_differences(given, cfg)
+    if checkpoint is None:
+        finals = [name for kind, _, name in list_checkpoints(folder) if kind == "final"]
+        checkpoint = os.path.join(folder, finals[-1]) if finals else None
+    recorded = recorded_config(checkpoint_config(checkpoint)) if checkpoint else None
+    if recorded is None:
+        return None, []
+    return recorded, config_differences(recorded, as_recorded(cfg))
 
 
 def _final_name(folder: str) -> str:
@@ -152,12 +186,12 @@ def check_resume_identity(cfg: Any, folder: str, checkpoint_path: str) -> None:
     recorded = recorded_config(checkpoint_config(checkpoint_path))
     if recorded is None:
         return  # (a checkpoint without its config: the trainer checks the weights fit)
-    mismatch = config_differences(recorded, cfg, keys=MODEL_KEYS, ignore=())
+    mismatch = config_differences(recorded, as_recorded(cfg), keys=MODEL_KEYS, ignore=())
     if mismatch:
         raise resume_mismatch_error(
             folder, checkpoint_path, recorded, cfg, format_differences(mismatch)
         )
-    changed = config_differences(recorded, cfg)
+    _, changed = run_differences(cfg, folder, checkpoint_path)
     if changed:
         logger.warning(
             "resuming %s with settings changed since it was written: %s",
@@ -183,8 +217,7 @@ def prepare_train_folder(cfg: Any, folder: str) -> ResumeChoice:
     ckpt = cfg.CHECKPOINT
     if has_final_checkpoint(folder):
         if not ckpt.OVERWRITE_EXISTING:
-            recorded = _final_config(folder)
-            diffs = config_differences(recorded, cfg) if recorded is not None else []
+            recorded, diffs = run_differences(cfg, folder)
             if not diffs:
                 return ResumeChoice(finished=True)
             raise finished_run_error(folder, recorded or {}, cfg, diffs)

@@ -82,6 +82,8 @@ class SelfSupervisionTrainer:
         self.device = device
         self.hooks = hooks
         self.checkpoint_path = checkpoint_path
+        # train_config.yaml: the config as given, before the task fills in what it infers
+        self._config_yaml = config_to_yaml(cfg)
         # (phase index, data iterator) started ahead by _prefetch_next_phase
         self._prefetched: tuple[int, Any] | None = None
         self.task: SelfSupervisionTask | None = None
@@ -108,7 +110,7 @@ class SelfSupervisionTrainer:
         os.makedirs(self.checkpoint_folder, exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write(config_to_yaml(self.cfg))
+            f.write(self._config_yaml)
         os.replace(tmp, path)
 
     @staticmethod
