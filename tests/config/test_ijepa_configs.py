@@ -75,8 +75,11 @@ def test_vit_s16_ijepa_forward_and_backward_at_224_px_on_cpu() -> None:
     loss = loss_fn(pred, targets)
     assert torch.isfinite(loss) and 0.01 < float(loss.detach()) < 2  # smooth L1 of ~N(0, 1)
     loss.backward()
-    trunk_grads = [p.grad for p in model.trunk.parameters()]
+    trunk_grads = [p.grad for p in model.trunk.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in trunk_grads)
+    # the fixed sin-cos position embedding (POS_EMBED: sincos) is the only frozen one
+    assert [n for n, p in model.trunk.named_parameters() if not p.requires_grad] == ["pos_embed"]
+    assert model.trunk.pos_embed.grad is None
     assert model.heads[0].mask_token.grad is not None
     # ViT-S/16 (MAE's 21,665,664) less the class token and its position embedding
     assert sum(p.numel() for p in model.trunk.parameters()) == 21_665_664 - 2 * 384

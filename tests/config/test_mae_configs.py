@@ -66,8 +66,11 @@ def test_vit_s16_mae_forward_and_backward_at_224_px_on_cpu() -> None:
     loss = loss_fn(pred, {"data": images, "mask": mask})
     assert torch.isfinite(loss) and 0.5 < float(loss.detach()) < 5  # ~1 + var(pred) at first
     loss.backward()
-    trunk_grads = [p.grad for p in model.trunk.parameters()]
+    trunk_grads = [p.grad for p in model.trunk.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in trunk_grads)
+    # the fixed sin-cos position embedding (POS_EMBED: sincos) is the only frozen one
+    assert [n for n, p in model.trunk.named_parameters() if not p.requires_grad] == ["pos_embed"]
+    assert model.trunk.pos_embed.grad is None
     assert model.heads[0].mask_token.grad is not None
     assert sum(p.numel() for p in model.trunk.parameters()) == 21_665_664  # ViT-S/16
 

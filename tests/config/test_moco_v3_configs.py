@@ -73,6 +73,31 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def layout(head: torch.nn.Module) -> list[str]:
+    """A head's layers in order: ``Linear`` (``+b`` with a bias), ``BN`` (``BN-`` without
+    affine), ``ReLU``."""
+    names = []
+    for m in head.modules():
+        if isinstance(m, torch.nn.Linear):
+            names.append("Linear+b" if m.bias is not None else "Linear")
+        elif isinstance(m, torch.nn.BatchNorm1d):
+            names.append("BN" if m.affine else "BN-")
+        elif isinstance(m, torch.nn.ReLU):
+            names.append("ReLU")
+    return names
+
+
+# moco/builder.py, MoCo._build_mlp: Linear layers without bias, BN + ReLU after the hidden
+# ones, BatchNorm1d(affine=False) after the last with last_bn. MoCo_ResNet: 2-layer
+# projector with last_bn, 2-layer predictor without; MoCo_ViT: 3-layer projector and
+# 2-layer predictor, both with last_bn.
+HIDDEN = ["Linear", "BN", "ReLU"]
+AUTHORS_LAYOUT = {
+    "resnet": ([*HIDDEN, "Linear", "BN-"], [*HIDDEN, "Linear"]),
+    "vits": ([*HIDDEN, *HIDDEN, "Linear", "BN-"], [*HIDDEN, "Linear", "BN-"]),
+}
+
+
 def _linears(module: torch.nn.Module) -> list[tuple[int, int]]:
     return [
         (m.in_features, m.out_features) for m in module.modules() if isinstance(m, torch.nn.Linear)
@@ -113,7 +138,13 @@ def test_config_builds_with_consistent_numbers(name: str, one_thread) -> None:
     projector, predictor = model.heads
     assert _linears(predictor) == [(256, 4096), (4096, 256)]
     grouped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    # the heads' layers as moco/builder.py builds them; ResNets with zero_init_residual
+    # (main_moco.py builds them so)
+    assert (layout(projector), layout(predictor)) == AUTHORS_LAYOUT[
+        "resnet" if "resnet" in name else "vits"
+    ]
     if "resnet" in name:
+        assert cfg.MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL is True
         assert _linears(projector) == [(2048, 4096), (4096, 256)]
         assert optimizer.defaults["exclude_bias_and_norm"]
         assert cfg.OPTIMIZER.weight_decay == pytest.approx(1e-6)
@@ -125,8 +156,13 @@ def test_config_builds_with_consistent_numbers(name: str, one_thread) -> None:
         assert trunk.blocks[0].attn.num_heads == 12  # MoCo v3's ViT-S, not DeiT-S's 6
         assert cfg.OPTIMIZER.weight_decay == pytest.approx(0.1)
         frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-        assert sorted(frozen) == ["trunk.patch_embed.proj.bias", "trunk.patch_embed.proj.weight"]
-        assert len(grouped) == sum(1 for _ in model.parameters()) - 2
+        # the random patch projection and the fixed sin-cos position embedding
+        assert sorted(frozen) == [
+            "trunk.patch_embed.proj.bias",
+            "trunk.patch_embed.proj.weight",
+            "trunk.pos_embed",
+        ]
+        assert len(grouped) == sum(1 for _ in model.parameters()) - 3
 
 
 @pytest.mark.slow

@@ -32,9 +32,9 @@ def test_recipes_compose_with_their_settings(
     assert list(crops.size_crops) == [224, 96] and list(crops.num_crops) == [2, 10]
     masking = cfg.DATA.TRAIN.TRANSFORMS[-1]
     assert masking.name == "RandomPatchMasking" and masking.mask_ratio == mask_ratio
-    assert list(masking.indices) == list(range(1, 12))  # every anchor view, focal ones too
-    assert "focal_mask" in cfg.DATA.TRAIN.INPUT_KEY_NAMES
-    assert cfg.MODEL.MULTI_INPUT_HEAD_MAPPING[1][1]["additional_keys"] == {"mask": "focal_mask"}
+    assert list(masking.indices) == [1]  # the anchor view only, as MSN's deit.py
+    assert "focal_mask" not in cfg.DATA.TRAIN.INPUT_KEY_NAMES
+    assert dict(cfg.MODEL.MULTI_INPUT_HEAD_MAPPING[1][1]) == {"feat_names": ["lastCLS"]}
     head, params = cfg.MODEL.HEAD.PARAMS[0]
     assert head == "msn_head" and params.in_dim == width and params.num_prototypes == 1024
     assert (params.hidden_dim, params.output_dim, params.use_bn) == (2048, 256, True)
@@ -56,7 +56,49 @@ def test_recipes_compose_with_their_settings(
             names[id(p)] for g in optimizer.param_groups if g["weight_decay"] for p in g["params"]
         }
         assert "heads.0.prototypes" not in decayed and "heads.0.fc.bn1.weight" not in decayed
-        assert "heads.0.fc.fc1.weight" in decayed and "trunk.pos_embed" not in decayed
+        # MSN's init_opt decays every parameter of 2 or more dimensions, the embeddings too
+        assert "heads.0.fc.fc1.weight" in decayed and "trunk.pos_embed" in decayed
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pretrain/msn/msn_8gpu_vits16",
+        "pretrain/msn/msn_8gpu_vitb16",
+        "digits/msn",
+        "test/integration_test/quick_msn",
+    ],
+)
+def test_only_the_anchor_views_are_masked_as_in_msns_code(name: str) -> None:
+    """facebookresearch/msn ``src/deit.py::VisionTransformer.forward`` drops patches of the
+    first group of crops (the 224 px rand_views) and sets ``patch_drop = 0.`` for the focal
+    views. The recipe's own transforms on one image, then msn_collator: a mask for each
+    anchor view, none for the focal views (no ``focal_mask``)."""
+    from PIL import Image
+
+    from vissl.data import build_transforms, get_collator
+
+    _, cfg = hydra_compose_and_validate([f"config={name}", "config.MACHINE.DEVICE=cpu"])
+    transforms = list(cfg.DATA.TRAIN.TRANSFORMS)
+    crops = transforms[0]
+    anchors = int(crops.num_crops[0]) - 1  # crop 0 is the target
+    masking = [t for t in transforms if t.name == "RandomPatchMasking"]
+    assert [list(t.indices) for t in masking] == [list(range(1, 1 + anchors))]
+    image = Image.fromarray(
+        (torch.rand(int(crops.size_crops[0]), int(crops.size_crops[0]), 3) * 255)
+        .to(torch.uint8)
+        .numpy()
+    )
+    # the crops and the masks (the photometric transforms left out: not what is tested)
+    kept = ("ImgPilToMultiCrop", "ToTensor", "RandomPatchMasking")
+    chain = build_transforms([dict(t) for t in transforms if t.name in kept])
+    samples = [
+        chain({"data": [image], "label": [0], "data_valid": [1], "data_idx": [i]}) for i in range(2)
+    ]
+    batch = get_collator("msn_collator")(samples)
+    assert "focal_views" in batch and "focal_mask" not in batch
+    assert batch["mask"][0].shape[0] == 2 * anchors
+    assert set(cfg.DATA.TRAIN.INPUT_KEY_NAMES) <= set(batch)
 
 
 def _inputs(batch: int, size: int, focal: int, focal_size: int, patch: int, ratio: float) -> dict:
@@ -69,16 +111,12 @@ def _inputs(batch: int, size: int, focal: int, focal_size: int, patch: int, rati
     }
     if focal:
         out["focal_views"] = torch.randn(focal * batch, 3, focal_size, focal_size)
-        focal_grid = (focal_size // patch, focal_size // patch)
-        out["focal_mask"] = torch.stack(
-            [random_mask(focal_grid, ratio) for _ in range(focal * batch)]
-        )
     return out
 
 
 @pytest.mark.slow
 def test_vit_s16_recipe_forward_and_backward_at_224_px_on_cpu() -> None:
-    """2 images: the model on the masked anchors and 2 masked focal views each (of the recipe's
+    """2 images: the model on the masked anchors and 2 whole focal views each (of the recipe's
     10), the target encoder on the whole target views, the loss, the backward pass."""
     _, cfg = hydra_compose_and_validate(
         ["config=pretrain/msn/msn_8gpu_vits16", "config.MACHINE.DEVICE=cpu"]

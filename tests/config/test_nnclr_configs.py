@@ -1,8 +1,9 @@
 """The NNCLR ImageNet configs compose, build on the CPU without data, and hold consistent
 numbers: the learning rate recomputed from the batch (0.3 per 256 images, 10 warm-up
-epochs, cosine to 0), the paper's support set of 98304 split over the GPUs, its heads
-(projector 2048-2048-256, predictor 4096-256), temperature 0.1; one training step on a
-fake batch of small images fits end to end and writes the support set."""
+epochs, cosine to 0), the paper's support set of 98304 (one queue, the same on every
+GPU), its heads (projector 2048-2048-256 with a BatchNorm after every Linear, predictor
+4096-256), temperature 0.1; one training step on a fake batch of small images fits end
+to end and writes the support set."""
 
 from __future__ import annotations
 
@@ -84,15 +85,18 @@ def test_config_builds_with_consistent_numbers(name: str) -> None:
     per_rank = math.ceil(IMAGENET_TRAIN_IMAGES / gpus)
     assert per_rank // batch == iterations_per_epoch
 
-    # the loss: T 0.1, the paper's support set split over the GPUs, filled within an epoch
+    # the loss: T 0.1, the paper's support set (one global queue: each step writes the
+    # global batch's view-1 projections), filled within an epoch
     assert isinstance(loss, NNCLRLoss)
     assert loss.temperature == 0.1 and loss.embedding_dim == 256
-    assert loss.queue_size * gpus == PAPER_SUPPORT_SET
-    assert loss.queue_size // batch == fill_steps < iterations_per_epoch
+    assert loss.queue_size == PAPER_SUPPORT_SET
+    assert loss.queue_size // global_batch == fill_steps < iterations_per_epoch
     if global_batch == PAPER_BATCH:  # the paper's queue spans 98304 / 4096 = 24 steps
         assert fill_steps == PAPER_SUPPORT_SET // PAPER_BATCH
 
-    # projector (Linear-BN-ReLU) x 2 + Linear to 256; predictor Linear-BN-ReLU + Linear
+    # the paper's heads: projector (Linear-BN-ReLU) x 2 + Linear-BN to 256 (all its
+    # Linear layers followed by BN, ReLU after all but the last); predictor Linear-BN-ReLU
+    # + Linear
     projector, predictor = model.heads
     linears = [m for m in projector.modules() if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [
@@ -102,7 +106,10 @@ def test_config_builds_with_consistent_numbers(name: str) -> None:
     ]
     linears = [m for m in predictor.modules() if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(256, 4096), (4096, 256)]
-    assert sum(isinstance(m, torch.nn.BatchNorm1d) for m in model.heads.modules()) == 3
+    assert sum(isinstance(m, torch.nn.BatchNorm1d) for m in model.heads.modules()) == 4
+    last = projector.clf[-1]
+    assert isinstance(last, torch.nn.BatchNorm1d) and last.num_features == 256 and last.affine
+    assert not isinstance(predictor.clf[-1], torch.nn.BatchNorm1d)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The RotNet ImageNet configs compose without warnings, build on the CPU, hold the
-numbers their comments state (rows per step, peak learning rate, warm-up, iterations per
-epoch), and one training step runs through rotnet_collator on a 224 px image; the digits
+numbers their comments state (rows per step, VISSL's learning-rate steps, warm-up,
+iterations per epoch), and one training step runs through rotnet_collator on a 224 px image; the digits
 mid-trunk kNN probe (RotNet's and Jigsaw's) reads the tap its comments name."""
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from vissl.losses.cross_entropy_multiple_output_single_target import (
 )
 from vissl.optimizers.larc import LARC
 
-# config -> (rows per step, peak lr, iterations per epoch, LARC)
+# config -> (rows per step, peak lr, iterations per epoch, warm-up epochs); VISSL's
+# schedule: 0.1 per 256 images (a quarter of the rows), x0.1 at epochs 30, 60, 90, 100
 ROTNET = {
-    "pretrain/rotnet/rotnet_8gpu_resnet50": (1024, 0.4, 5004, False),
-    "pretrain/rotnet/rotnet_64gpu_resnet50": (4096, 1.6, 1251, True),
+    "pretrain/rotnet/rotnet_8gpu_resnet50": (1024, 0.1, 5004, 0),
+    "pretrain/rotnet/rotnet_64gpu_resnet50": (4096, 0.4, 1251, 5),
 }
 
 
 @pytest.mark.parametrize("name", sorted(ROTNET))
 def test_rotnet_config_builds_with_the_numbers_of_its_comments(name: str) -> None:
-    rows, peak, iterations, larc = ROTNET[name]
+    rows, peak, iterations, warmup_epochs = ROTNET[name]
     cfg = _compose(name)
     batch = int(cfg.DATA.TRAIN.BATCHSIZE_PER_REPLICA)
     angles = int(cfg.DATA.TRAIN.COLLATE_FUNCTION_PARAMS.num_angles)
@@ -41,12 +42,20 @@ def test_rotnet_config_builds_with_the_numbers_of_its_comments(name: str) -> Non
     assert math.ceil(IMAGENET_TRAIN_IMAGES / _world_size(cfg)) // batch == iterations
     _, loss, schedules, optimizer = _build(cfg)
     assert isinstance(loss, CrossEntropyMultipleOutputSingleTargetLoss)
-    assert isinstance(optimizer, LARC) == larc
-    assert peak == pytest.approx(0.1 * rows / 256)
-    warmup = 5 / int(cfg.OPTIMIZER.num_epochs)
-    assert schedules.values(0.0)["lr"] == pytest.approx(peak / 10)
-    assert schedules.values(warmup)["lr"] == pytest.approx(peak, rel=1e-4)
-    assert schedules.values(1.0)["lr"] == pytest.approx(0.0, abs=1e-9)
+    assert not isinstance(optimizer, LARC) and not cfg.OPTIMIZER.nesterov
+    assert peak == pytest.approx(0.1 * rows / angles / 256)
+    epochs = int(cfg.OPTIMIZER.num_epochs)
+    assert epochs == 105
+    start = peak / 4 if warmup_epochs else peak
+    assert schedules.values(0.0)["lr"] == pytest.approx(start)
+    for epoch, value in [
+        (warmup_epochs, peak),
+        (29.5, peak),
+        (30.5, peak / 10),
+        (60.5, peak / 100),
+        (104.5, peak / 1e4),
+    ]:
+        assert schedules.values(epoch / epochs)["lr"] == pytest.approx(value, rel=1e-4)
 
 
 @pytest.mark.slow

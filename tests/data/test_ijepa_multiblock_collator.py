@@ -110,12 +110,29 @@ def test_context_retries_then_relaxes_the_constraints() -> None:
     everything = torch.ones(4, 4, dtype=torch.bool)
     half = torch.zeros(4, 4, dtype=torch.bool)
     half[:2] = True
-    settings = multiblock_settings({"min_context_patches": 8, "max_tries": 3})
+    settings = multiblock_settings({"min_context_patches": 7, "max_tries": 3})
     # the second target covers the grid: it stops constraining, the first still does
     block = context_block(grid, (4, 4), [half, everything], settings, g)
     assert block.tolist() == (~half).tolist()
     overlap = multiblock_settings({"allow_overlap": True})
     assert context_block(grid, (4, 4), [everything], overlap, g).all()
+
+
+def test_a_context_must_keep_more_than_min_context_patches() -> None:
+    """I-JEPA's ``valid_mask = len(mask) > self.min_keep``: a context of exactly
+    min_context_patches patches is drawn again (then relaxed), one more is kept."""
+    g = torch.Generator().manual_seed(0)
+    grid = (4, 4)
+    target = torch.zeros(4, 4, dtype=torch.bool)
+    target[:2] = True  # the context block (the whole grid) keeps 8 patches off it
+    for minimum, kept in [(8, 16), (7, 8)]:
+        settings = multiblock_settings({"min_context_patches": minimum, "max_tries": 3})
+        block = context_block(grid, (4, 4), [target], settings, g)
+        assert int(block.sum()) == kept, minimum
+    # every context of a batch has more than min_context_patches patches
+    settings = multiblock_settings({"min_context_patches": 150})
+    context, _ = multiblock_masks(8, (14, 14), settings, torch.Generator().manual_seed(2))
+    assert int(context.flatten(1).sum(1).min()) > 150
 
 
 def test_collator_output_and_draws_from_the_batch_seed_only() -> None:

@@ -48,6 +48,63 @@ def test_block_mask_covers_about_the_target_with_rectangles() -> None:
     assert sum(counts) / len(counts) > 0.9 * 59  # a few short of the target at most
 
 
+def ibot_block_mask(
+    grid: tuple[int, int], high: int, log_aspect: tuple[float, float]
+) -> torch.Tensor:
+    """iBOT's ``ImageFolderMask.__getitem__`` (pred_shape block), line by line, with its
+    ``random.uniform`` / ``random.randint`` drawn from torch's global generator in the same
+    order (uniform(a, b) = a + (b - a) U; randint(a, b) includes b)."""
+    big_h, big_w = grid
+    mask = torch.zeros(big_h, big_w, dtype=torch.bool)
+    mask_count = 0
+    while mask_count < high:
+        max_mask_patches = high - mask_count
+        delta = 0
+        for _attempt in range(10):
+            low = (min(big_h, big_w) // 3) ** 2
+            target_area = low + (max_mask_patches - low) * float(torch.rand(()))
+            lo, hi = log_aspect
+            aspect_ratio = math.exp(lo + (hi - lo) * float(torch.rand(())))
+            h = round(math.sqrt(target_area * aspect_ratio))
+            w = round(math.sqrt(target_area / aspect_ratio))
+            if w < big_w and h < big_h:
+                top = int(torch.randint(0, big_h - h + 1, ()))
+                left = int(torch.randint(0, big_w - w + 1, ()))
+                num_masked = int(mask[top : top + h, left : left + w].sum())
+                if 0 < h * w - num_masked <= max_mask_patches:
+                    delta = h * w - num_masked
+                    mask[top : top + h, left : left + w] = True
+            if delta > 0:
+                break
+        if delta == 0:
+            break
+        mask_count += delta
+    return mask
+
+
+@pytest.mark.parametrize(("grid", "ratio"), [((14, 14), 0.3), ((4, 4), 0.5), ((3, 6), 0.7)])
+def test_block_mask_is_ibots_draw_for_draw(grid: tuple[int, int], ratio: float) -> None:
+    """The same masks as iBOT's loader for the same random numbers: blocks strictly
+    smaller than the grid, the area uniform between iBOT's low and the patches left even
+    when low is the larger."""
+    log_aspect = (math.log(0.3), math.log(1 / 0.3))
+    num = int(grid[0] * grid[1] * ratio)
+    for seed in range(60):
+        torch.manual_seed(seed)
+        ours = block_mask(grid, num, log_aspect_ratio=log_aspect)
+        torch.manual_seed(seed)
+        assert torch.equal(ours, ibot_block_mask(grid, num, log_aspect)), seed
+
+
+def test_block_mask_blocks_never_span_the_grid() -> None:
+    """iBOT's ``w < W and h < H``: a 4 x 4 block on a 4 x 4 grid is never placed."""
+    torch.manual_seed(0)
+    whole = block_mask((4, 4), 16, min_num_patches=16, log_aspect_ratio=(0.0, 0.0))
+    assert not whole.any()
+    # a 3 x 3 block fits: the rounds cover the target with blocks of at most 3 x 3
+    assert int(block_mask((4, 4), 9, min_num_patches=9, log_aspect_ratio=(0.0, 0.0)).sum()) == 9
+
+
 def test_block_mask_is_made_of_blocks_not_scattered_patches() -> None:
     """The masked patches of a block mask have masked neighbours (unlike a random mask)."""
     torch.manual_seed(1)
@@ -149,7 +206,11 @@ def test_masks_are_a_function_of_seed_epoch_and_index() -> None:
 
 
 def test_block_mask_of_one_patch_grid_edge_cases() -> None:
-    assert int(block_mask((1, 1), 1).sum()) == 1
+    # a block must be strictly smaller than the grid (iBOT's w < W and h < H): a grid of
+    # one patch is never masked, one of 2 x 2 only by 1 x 1 blocks
+    assert int(block_mask((1, 1), 1).sum()) == 0
+    torch.manual_seed(0)
+    assert int(block_mask((2, 2), 3).sum()) == 3
     assert int(block_mask((4, 4), 0).sum()) == 0
     assert int(block_mask((2, 2), 10).sum()) <= 4
     assert math.isclose(num_kept(196, 0.75), 49)

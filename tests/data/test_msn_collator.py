@@ -1,7 +1,8 @@
 """msn_collator: the target view (crop 0), the masked anchor views (the other crops of the
-largest size), the focal views (the smaller crops), the anchors' and the focal views' masks,
-crop-major; masks of every crop, of every crop but the target (MSN's), of the large crops or
-of the anchors only, told apart by their grids; errors that name what to fix."""
+largest size), the focal views (the smaller crops), the anchors' masks and (the
+focal-masking ablation) the focal views', crop-major; masks of the anchors only (MSN's), of
+the large crops, of every crop but the target or of every crop, told apart by their grids;
+errors that name what to fix."""
 
 from __future__ import annotations
 
@@ -60,9 +61,9 @@ def test_layout_target_anchors_focal_views_crop_major() -> None:
     assert out["data_idx"][0].tolist() == [0, 1, 2] * 5
 
 
-def test_msn_masks_every_crop_but_the_target_and_the_grids_tell_the_layouts_apart() -> None:
+def test_focal_masking_ablation_and_the_grids_tell_the_layouts_apart() -> None:
     everything = COLLATE(_batch(2, [8, 8, 4, 4]))
-    # MSN's indices [1, ..., K - 1]: the anchor's and the focal views' masks
+    # the ablation's indices [1, ..., K - 1]: the anchor's and the focal views' masks
     msn = COLLATE(_batch(2, [8, 8, 4, 4], masks_for=[1, 2, 3]))
     for key in ("mask", "focal_mask"):
         assert torch.equal(msn[key][0], everything[key][0])
@@ -75,7 +76,9 @@ def test_msn_masks_every_crop_but_the_target_and_the_grids_tell_the_layouts_apar
     assert focal["focal_mask"][0].shape == (2, 1, 1)
 
 
-def test_masks_of_the_large_crops_or_of_the_anchors_only() -> None:
+def test_masks_of_the_anchors_only_as_msn_or_of_the_large_crops() -> None:
+    """MSN's layout (facebookresearch/msn deit.py masks the 224 px rand_views only): the
+    anchors' masks, the focal views whole, no focal_mask."""
     expected = COLLATE(_batch(2, [8, 8, 4]))["mask"][0]
     large = COLLATE(_batch(2, [8, 8, 4], masks_for=[0, 1]))
     assert torch.equal(large["mask"][0], expected)

@@ -24,6 +24,10 @@ from tests.gpu._cuda import PRECISION_BF16, PRECISION_FP16, syncs_between_log_st
         ("test/integration_test/quick_moco", PRECISION_BF16),
         ("test/integration_test/quick_dino_vit", PRECISION_BF16),
         ("test/integration_test/quick_moco", ["config.HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True"]),
+        # GradClipHook's per-parameter and per-module norms stay on the device
+        ("test/integration_test/quick_dino_vit", ["config.MODEL.GRAD_CLIP.MODE=per_parameter"]),
+        ("test/integration_test/quick_dinov2", ["config.MODEL.GRAD_CLIP.MODE=per_module"]),
+        ("test/integration_test/quick_msn", ["config.MODEL.GRAD_CLIP.EXCLUDE_PARAMS=[prototypes]"]),
     ],
 )
 def test_no_host_sync_between_log_steps(tmp_path, config, extra) -> None:

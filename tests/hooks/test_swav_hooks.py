@@ -42,3 +42,28 @@ def test_loss_at_ln_k_is_reported_as_collapsed(caplog) -> None:
 )
 def test_no_warning_otherwise(caplog, task) -> None:
     assert _warnings(caplog, task) == []
+
+
+def test_normalize_prototypes_on_start_leaves_a_resumed_runs_prototypes_bitwise() -> None:
+    """A fresh start normalises the prototypes; a resumed one (steps done) keeps the
+    restored ones exactly: normalising unit rows again changes their last bits, and the
+    resumed run would drift from the uninterrupted one."""
+    import torch
+    from torch import nn
+
+    from vissl.hooks.swav_hooks import NormalizePrototypesHook
+    from vissl.models.heads.swav_head import SwAVHead
+
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.heads = nn.ModuleList([SwAVHead({}, dims=[8, 4], num_clusters=[64])])
+    weight = model.heads[0].prototypes0.weight
+    with torch.no_grad():
+        weight.mul_(3.0)
+    NormalizePrototypesHook().on_start(SimpleNamespace(base_model=model, loss=None, iteration=0))
+    assert torch.allclose(weight.norm(dim=1), torch.ones(64), atol=1e-6)
+    restored = weight.detach().clone()
+    renormalised = torch.nn.functional.normalize(restored, dim=1)
+    assert not torch.equal(renormalised, restored)  # what the old on_start did on resume
+    NormalizePrototypesHook().on_start(SimpleNamespace(base_model=model, loss=None, iteration=6))
+    assert torch.equal(weight, restored)

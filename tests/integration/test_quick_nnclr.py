@@ -1,7 +1,7 @@
 """NNCLR end to end: the quick config runs unchanged through the CLI with its support set
-filled then used; a crash (on 1 process, on 2 processes with a queue per rank, and with
-``-m slow`` a real SIGKILL) plus auto-resume ends bitwise equal to an uninterrupted run,
-model and every rank's support set (queue and count) included."""
+filled then used; a crash (on 1 process, on 2 processes sharing one support set, and
+with ``-m slow`` a real SIGKILL) plus auto-resume ends bitwise equal to an uninterrupted
+run, model and support set (queue and count) included."""
 
 from __future__ import annotations
 
@@ -22,25 +22,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread
 QUICK = "test/integration_test/quick_nnclr"
 
 
-def rank_states(folder: Path) -> list[dict[str, Any]]:
-    """Every rank's support set in the final checkpoint (``per_rank[r]["loss"]``)."""
+def support_set(folder: Path) -> dict[str, Any]:
+    """The support set in the final checkpoint (the loss's state: one queue for all
+    ranks, none per rank)."""
     (path,) = folder.glob("model_final_checkpoint_phase*.torch")
     classy = load_checkpoint(str(path))["classy_state_dict"]
-    assert classy["loss"] == {}  # the queues are per-rank state only
-    return [r["loss"] for r in classy["per_rank"]]
+    assert all("loss" not in r for r in classy["per_rank"])
+    return classy["loss"]  # type: ignore[no-any-return]
 
 
 def assert_bitwise_equal(full: Path, resumed: Path) -> None:
-    """Model weights, and each rank's queue and count of written projections."""
+    """Model weights, and the queue and count of written projections."""
     a, b = final_state(full), final_state(resumed)
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
-    queues_a, queues_b = rank_states(full), rank_states(resumed)
-    assert len(queues_a) == len(queues_b)
-    for qa, qb in zip(queues_a, queues_b, strict=True):
-        assert torch.equal(qa["written"], qb["written"])
-        assert torch.equal(qa["queue"], qb["queue"])
+    qa, qb = support_set(full), support_set(resumed)
+    assert torch.equal(qa["written"], qb["written"])
+    assert torch.equal(qa["queue"], qb["queue"])
 
 
 def test_quick_config_runs_unchanged(tmp_path: Path) -> None:
@@ -51,7 +50,7 @@ def test_quick_config_runs_unchanged(tmp_path: Path) -> None:
     assert [r["iteration"] for r in records] == [1, 2, 3, 4]
     # InfoNCE over 8 candidates: positive, at most about ln 8 + 2 / T at the start
     assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in records)
-    (state,) = rank_states(folder)
+    state = support_set(folder)
     assert int(state["written"]) == 4 * 8  # 4 steps of 8 view-1 projections
     norms = state["queue"].norm(dim=1)
     torch.testing.assert_close(norms, torch.ones(16))  # full, normalised
@@ -75,10 +74,10 @@ def test_crash_and_resume_is_bitwise_exact_including_the_queue(tmp_path: Path) -
         )
     assert not list(crashed.glob("model_final*"))
     saved = load_checkpoint(str(crashed / "model_iteration6.torch"))
-    assert int(saved["classy_state_dict"]["per_rank"][0]["loss"]["written"]) == 6 * 4
+    assert int(saved["classy_state_dict"]["loss"]["written"]) == 6 * 4
     run_config(QUICK, *RESUME, f"config.CHECKPOINT.DIR={crashed}")
     assert "resumed inside phase" in (crashed / "log.txt").read_text()
-    assert int(rank_states(tmp_path / "full")[0]["written"]) == 8 * 4
+    assert int(support_set(tmp_path / "full")["written"]) == 8 * 4
     assert_bitwise_equal(tmp_path / "full", crashed)
 
 
@@ -90,9 +89,9 @@ TWO = [
 
 
 @pytest.mark.slow
-def test_two_processes_crash_and_resume_with_a_queue_per_rank(tmp_path: Path) -> None:
-    """Each rank keeps its own support set; after a crash at iteration 7 and auto-resume,
-    each rank's queue is its own again, bitwise as in the uninterrupted run."""
+def test_two_processes_crash_and_resume_with_one_support_set(tmp_path: Path) -> None:
+    """Both ranks fill one support set (each step writes 2 x 4 view-1 projections); after
+    a crash at iteration 7 and auto-resume, it is bitwise as in the uninterrupted run."""
     run_config(QUICK, *TWO, f"config.CHECKPOINT.DIR={tmp_path / 'full'}")
     crashed = tmp_path / "crashed"
     with pytest.raises(Exception, match="simulated crash"):
@@ -101,9 +100,8 @@ def test_two_processes_crash_and_resume_with_a_queue_per_rank(tmp_path: Path) ->
         )
     run_config(QUICK, *TWO, f"config.CHECKPOINT.DIR={crashed}")
     assert "resumed inside phase" in (crashed / "log.txt").read_text()
-    states = rank_states(tmp_path / "full")
-    assert len(states) == 2
-    assert not torch.equal(states[0]["queue"], states[1]["queue"])  # one queue per rank
+    state = support_set(tmp_path / "full")
+    assert int(state["written"]) == 8 * 2 * 4  # 8 steps of both ranks' 4 projections
     assert_bitwise_equal(tmp_path / "full", crashed)
 
 

@@ -51,6 +51,82 @@ def test_quick_swav_momentum_trains(tmp_path) -> None:
     m_protos = encoder.heads[0].prototypes0.weight
     assert torch.allclose(m_protos.norm(dim=1), torch.ones(32), atol=1e-5)
     assert math.isfinite(task.phase_average_loss())
+    # the encoder normalises with the model's BatchNorm statistics (VISSL copies them)
+    model_b = dict(task.base_model.named_buffers())
+    stats = [n for n in model_b if "running_" in n]
+    assert stats and all(torch.equal(b, model_b[n]) for n, b in encoder.named_buffers())
+
+
+# quick_swav_momentum with 4 crops of two resolutions (2 assign crops) and the encoder in
+# eval mode from iteration 0 (the default), 16 images in batches of 4 per process
+MOMENTUM_4_CROPS = [
+    "config.DATA.TRAIN.TRANSFORMS.0.total_num_crops=4",
+    "config.DATA.TRAIN.TRANSFORMS.0.num_crops=[2,2]",
+    "config.DATA.TRAIN.TRANSFORMS.0.size_crops=[12,8]",
+    "config.DATA.TRAIN.TRANSFORMS.0.crop_scales=[[0.3,1.0],[0.1,0.3]]",
+    "config.LOSS.swav_momentum_loss.momentum_eval_mode_iter_start=0",
+    "config.DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
+    "config.OPTIMIZER.num_epochs=2",
+    "config.CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=3",
+    "config.CHECKPOINT.AUTO_RESUME=True",
+]
+
+
+def _assert_encoder_has_the_models_statistics(state: dict[str, torch.Tensor]) -> None:
+    stats = [k for k in state if k.startswith("trunk.") and "running_" in k]
+    assert stats
+    for k in stats:
+        assert torch.equal(state[f"loss.momentum_encoder.{k}"], state[k]), k
+
+
+@pytest.mark.slow
+def test_swav_momentum_crash_and_resume_is_bitwise(tmp_path) -> None:
+    """One process, 8 steps (2 phases of 4): iteration checkpoint at 6, a crash after 7."""
+    from tests.integration._runs import crash_and_resume_states
+
+    _, resumed = crash_and_resume_states(
+        tmp_path,
+        QUICK + "quick_swav_momentum",
+        MOMENTUM_4_CROPS,
+        crash_after=7,
+        checkpoint_at=6,
+        last=8,
+    )
+    _assert_encoder_has_the_models_statistics(resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # four 2-process runs
+def test_swav_momentum_under_fsdp_equals_ddp_and_resumes_bitwise(tmp_path) -> None:
+    """2 processes, 4 steps (2 phases of 2): the sharded run (encoder sharded like the
+    model) equals DDP's, the encoder's BN statistics equal the model's, and a crash after
+    iteration 3 (iteration checkpoint at 3, inside phase 1) resumes bitwise."""
+    from tests.integration.test_exact_resume import crash_generator
+    from tests.integration.test_fsdp import FSDP, TWO, assert_close, final_state
+    from tests.integration.test_quick_vicreg import assert_bitwise_equal
+
+    config = QUICK + "quick_swav_momentum"
+    args = [*MOMENTUM_4_CROPS, TWO]
+    run_config(config, *args, f"config.CHECKPOINT.DIR={tmp_path / 'ddp'}")
+    run_config(config, *args, FSDP, f"config.CHECKPOINT.DIR={tmp_path / 'fsdp'}")
+    ddp, fsdp = final_state(tmp_path / "ddp"), final_state(tmp_path / "fsdp")
+    assert "FSDP: 10 units over 2 ranks" in (tmp_path / "fsdp" / "log.txt").read_text()
+    assert any(k.startswith("loss.momentum_encoder.trunk.") for k in fsdp)
+    assert_close(ddp, fsdp, atol=1e-5)
+    _assert_encoder_has_the_models_statistics(fsdp)
+
+    crashed = tmp_path / "crashed"
+    with pytest.raises(Exception, match="simulated crash"):
+        run_config(
+            config,
+            *args,
+            FSDP,
+            f"config.CHECKPOINT.DIR={crashed}",
+            hook_generator=crash_generator(3),
+        )
+    run_config(config, *args, FSDP, f"config.CHECKPOINT.DIR={crashed}")
+    assert "resumed inside phase 1" in (crashed / "log.txt").read_text()
+    assert_bitwise_equal(fsdp, final_state(crashed))
 
 
 @pytest.mark.parametrize(

@@ -296,17 +296,49 @@ def test_target_encoder_uses_the_models_prototypes_and_the_whole_target_view() -
         torch.testing.assert_close(out, teacher_head(feats))
 
 
-def test_the_model_drops_the_masked_patches_of_the_focal_views_too() -> None:
-    """MSN masks every anchor view, the focal views included: the quick config hands the
-    focal views' masks (``focal_mask``) to the trunk as its ``mask``."""
+def focal_masking_config() -> AttrDict:
+    """quick_msn as the focal-masking ablation (lightly's example; not MSN's code): the
+    focal crops masked too, their masks listed and handed to the trunk."""
     cfg = quick_config()
-    torch.manual_seed(0)
-    model = build_model(cfg.MODEL, cfg.OPTIMIZER).eval()
+    cfg.DATA.TRAIN.INPUT_KEY_NAMES = [*cfg.DATA.TRAIN.INPUT_KEY_NAMES, "focal_mask"]
+    cfg.DATA.TRAIN.TRANSFORMS[-1].indices = [1, 2, 3]
+    cfg.MODEL.MULTI_INPUT_HEAD_MAPPING[1][1]["additional_keys"] = {"mask": "focal_mask"}
+    return cfg
+
+
+def _anchor_and_focal_batch() -> dict[str, torch.Tensor]:
     anchors, focal = torch.randn(2, 3, 16, 16), torch.randn(4, 3, 8, 8)
     mask = torch.zeros(2, 4, 4, dtype=torch.bool)
     mask[:, :2] = True
     focal_mask = torch.tensor([[True, False], [False, True]]).expand(4, 2, 2)
-    batch = {"anchor_views": anchors, "focal_views": focal, "mask": mask, "focal_mask": focal_mask}
+    return {"anchor_views": anchors, "focal_views": focal, "mask": mask, "focal_mask": focal_mask}
+
+
+def test_the_model_encodes_the_focal_views_whole_as_msn() -> None:
+    """facebookresearch/msn ``src/deit.py`` drops patches of the first group of crops only
+    (the 224 px rand_views): quick_msn masks the anchors and hands the focal views to the
+    trunk without a mask (a ``focal_mask`` in the batch is not used)."""
+    cfg = quick_config()
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL, cfg.OPTIMIZER).eval()
+    batch = _anchor_and_focal_batch()
+    with torch.no_grad():
+        out = model(batch)
+        head, trunk = model.heads[0], model.trunk
+        torch.testing.assert_close(out[1], head(trunk(batch["focal_views"], ["lastCLS"])[0]))
+        anchors = head(trunk(batch["anchor_views"], ["lastCLS"], mask=batch["mask"])[0])
+        torch.testing.assert_close(out[0], anchors)
+
+
+def test_focal_masking_ablation_drops_the_masked_patches_of_the_focal_views() -> None:
+    """The opt-in ablation: the config passes its checks and the model hands the focal
+    views' masks (``focal_mask``) to the trunk as its ``mask``."""
+    cfg = focal_masking_config()
+    build_loss(cfg.LOSS, cfg)  # the layout checks accept it
+    torch.manual_seed(0)
+    model = build_model(cfg.MODEL, cfg.OPTIMIZER).eval()
+    batch = _anchor_and_focal_batch()
+    focal, focal_mask = batch["focal_views"], batch["focal_mask"]
     with torch.no_grad():
         out = model(batch)
         head, trunk = model.heads[0], model.trunk
@@ -314,7 +346,32 @@ def test_the_model_drops_the_masked_patches_of_the_focal_views_too() -> None:
         whole = head(trunk(focal, ["lastCLS"])[0])
         torch.testing.assert_close(out[1], masked)
         assert not torch.allclose(out[1], whole, atol=1e-4)
-        torch.testing.assert_close(out[0], head(trunk(anchors, ["lastCLS"], mask=mask)[0]))
+        torch.testing.assert_close(
+            out[0], head(trunk(batch["anchor_views"], ["lastCLS"], mask=batch["mask"])[0])
+        )
+
+
+def test_focal_masking_half_configured_is_refused() -> None:
+    """The three settings of the ablation go together: a mask the model would not use, or
+    a key the batch would not have, is refused when the loss is built."""
+    cfg = quick_config()
+    cfg.DATA.TRAIN.TRANSFORMS[-1].indices = [1, 2, 3]  # masks the focal crops, unused
+    with pytest.raises(ConfigError, match="masks focal crops, but focal_mask is not in") as e:
+        build_loss(cfg.LOSS, cfg)
+    assert e.value.key_path == "config.DATA.TRAIN.TRANSFORMS"
+    cfg = focal_masking_config()
+    cfg.DATA.TRAIN.TRANSFORMS[-1].indices = [1]  # the batch would have no focal_mask
+    with pytest.raises(ConfigError, match="masks no focal crop, but focal_mask is in"):
+        build_loss(cfg.LOSS, cfg)
+    cfg = focal_masking_config()
+    cfg.MODEL.MULTI_INPUT_HEAD_MAPPING[1][1] = {"feat_names": ["lastCLS"]}
+    with pytest.raises(ConfigError, match="does not pass it to the trunk") as e:
+        build_loss(cfg.LOSS, cfg)
+    assert e.value.key_path == "config.MODEL.MULTI_INPUT_HEAD_MAPPING"
+    cfg = focal_masking_config()
+    cfg.DATA.TRAIN.INPUT_KEY_NAMES = ["target_views", "anchor_views", "focal_views", "mask"]
+    with pytest.raises(ConfigError, match="focal_mask is not in .* passes it to the trunk"):
+        build_loss(cfg.LOSS, cfg)
 
 
 def test_vissl_head_keys_are_the_losss() -> None:

@@ -1,8 +1,10 @@
 """nnclr_loss: the paper's formula written here (Dwibedi et al. 2021, eq. 2 with the
 prediction head, symmetrised as in their Algorithm 1), the nearest-neighbour lookup, the
 support set's fill, wrap and "not used until full" rule, 2 gloo processes against one
-computation over the global batch (loss and gradients, each rank with its own queue),
-per-rank queues through the checkpoint's rank-state path on 2 processes, config errors."""
+process on the global batch (loss, gradients and the one support set, which every rank
+fills with every rank's projections and searches whole), the queue through checkpoints
+on 2 processes (and checkpoints of the former per-rank queues), config errors, and
+VISSL's name ``nnclr_info_nce_loss``."""
 
 from __future__ import annotations
 
@@ -93,11 +95,15 @@ def _bound(queue_size: int = 6, seed: int = 0) -> tuple[NNCLRLoss, _TinyModel]:
     return loss, model
 
 
+def _set_queue(loss: NNCLRLoss, queue: torch.Tensor, written: int) -> None:
+    loss.load_state_dict({"queue": queue, "written": torch.tensor(written)})
+
+
 def _fill(loss: NNCLRLoss, seed: int) -> torch.Tensor:
     """A full support set of random unit vectors."""
     g = torch.Generator().manual_seed(seed)
     queue = nn.functional.normalize(torch.randn(loss.queue_size, 8, generator=g), dim=1)
-    loss.load_rank_state_dict({"queue": queue, "written": torch.tensor(loss.queue_size)})
+    _set_queue(loss, queue, loss.queue_size)
     return queue
 
 
@@ -157,7 +163,7 @@ def test_nearest_neighbour_is_the_support_entry_of_highest_cosine() -> None:
     largest raw dot product: z is normalised before the lookup)."""
     loss = NNCLRLoss(temperature=T, queue_size=16, embedding_dim=8)
     axes = torch.cat([torch.eye(8), -torch.eye(8)])
-    loss.load_rank_state_dict({"queue": axes, "written": torch.tensor(16)})
+    _set_queue(loss, axes, 16)
     g = torch.Generator().manual_seed(5)
     which = torch.tensor([3, 9, 0, 15])
     z = axes[which] * torch.tensor([[5.0], [0.1], [2.0], [30.0]])
@@ -226,17 +232,40 @@ def test_evaluation_does_not_enqueue() -> None:
     assert loss.written.item() == 0 and not loss.queue.any()
 
 
-def test_the_queue_is_per_rank_state_not_in_state_dict() -> None:
+def test_the_queue_is_in_state_dict_and_another_shape_is_not_loaded() -> None:
     loss = NNCLRLoss(temperature=T, queue_size=4, embedding_dim=8)
     queue = _fill(loss, seed=8)
-    assert loss.state_dict() == {}  # rank 0's queue is never saved as everybody's
-    state = loss.rank_state_dict()
+    state = loss.state_dict()
+    assert set(state) == {"queue", "written"}
     other = NNCLRLoss(temperature=T, queue_size=4, embedding_dim=8)
-    other.load_rank_state_dict(state)
+    other.load_state_dict(state)
     assert torch.equal(other.queue, queue) and other.written.item() == 4
     smaller = NNCLRLoss(temperature=T, queue_size=3, embedding_dim=8)
-    smaller.load_rank_state_dict(state)  # another shape: starts empty (a warning)
-    assert smaller.written.item() == 0
+    smaller.load_state_dict(state)  # another shape: starts empty (a warning)
+    assert smaller.written.item() == 0 and not smaller.queue.any()
+    with pytest.raises(RuntimeError, match="Unexpected"):  # still strict for other keys
+        other.load_state_dict({**state, "other": torch.zeros(1)})
+
+
+def test_a_one_process_checkpoint_of_the_per_rank_queue_loads_as_the_whole_queue() -> None:
+    """Before the support set was global, a checkpoint held the queue under
+    ``per_rank[0]["loss"]`` and an empty ``classy_state_dict["loss"]``: both still load.
+    A queue that wrapped comes back oldest entry first; one not yet full keeps its
+    count (it is used once full, as before)."""
+    old = nn.functional.normalize(torch.randn(5, 8), dim=1)
+    loss = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=8)
+    loss.load_state_dict({})  # the old classy_state_dict["loss"]
+    loss.load_rank_state_dict({"queue": old, "written": torch.tensor(12)})
+    # 12 written into 5 slots: slot 12 % 5 = 2 is the oldest
+    torch.testing.assert_close(loss.queue, old[[2, 3, 4, 0, 1]])
+    assert loss.written.item() == 5 and loss.is_full().item()
+    partial = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=8)
+    partial.load_rank_state_dict({"queue": old, "written": torch.tensor(3)})
+    torch.testing.assert_close(partial.queue[:3], old[:3])
+    assert partial.written.item() == 3 and not partial.is_full().item()
+    wide = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=4)
+    wide.load_rank_state_dict({"queue": old, "written": torch.tensor(5)})  # a warning
+    assert wide.written.item() == 0
 
 
 # ----------------------------------------------------------------------------- 2 ranks
@@ -250,8 +279,9 @@ def _inputs(rank: int) -> torch.Tensor:
     return torch.cat([x1, x1 + 0.3 * torch.randn(B, 5, generator=g)])
 
 
-def _queue(rank: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(60 + rank)
+def _start_queue() -> torch.Tensor:
+    """The support set every rank starts from (5 entries, full)."""
+    g = torch.Generator().manual_seed(60)
     return nn.functional.normalize(torch.randn(5, 8, generator=g), dim=1)
 
 
@@ -261,7 +291,7 @@ def _ddp_worker(rank: int, world: int) -> dict[str, Any]:
     model = _TinyModel(seed=11)
     loss = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=8)
     loss.bind_model(model)
-    loss.load_rank_state_dict({"queue": _queue(rank), "written": torch.tensor(5)})
+    _set_queue(loss, _start_queue(), 5)
     ddp = DDP(model)
     value = loss(ddp(_inputs(rank)))
     value.backward()
@@ -269,6 +299,7 @@ def _ddp_worker(rank: int, world: int) -> dict[str, Any]:
         "loss": value.item(),
         "grads": {n: q.grad.clone() for n, q in model.named_parameters()},
         "queue": loss.queue.clone(),
+        "written": loss.written.item(),
     }
 
 
@@ -277,33 +308,79 @@ def _global_batch() -> torch.Tensor:
     return torch.cat([x[:B] for x in per_rank] + [x[B:] for x in per_rank])
 
 
-def test_two_ranks_with_their_own_queues_match_one_computation_on_the_global_batch() -> None:
-    """Each rank looks its projections up in its OWN support set and contrasts them with
-    the predictions of the whole global batch. The mean of the ranks' losses is the loss
-    of the global batch (each sample with its rank's support set), and DDP's averaged
-    gradient is that loss's gradient. Each rank enqueues its own view-1 projections."""
+def test_two_ranks_equal_one_process_on_the_global_batch_with_one_support_set() -> None:
+    """Both ranks search the same support set and contrast with the predictions of the
+    whole global batch. The mean of the ranks' losses is the loss of one process on the
+    global batch (and the paper's formula), DDP's averaged gradient is its gradient, and
+    after the step every rank's queue is that process's: the view-1 projections of both
+    ranks, in rank order."""
     results = spawn_gloo(_ddp_worker, WORLD)
     model = _TinyModel(seed=11)
-    capture = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=8)
-    capture.bind_model(model)
+    one = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=8)
+    one.bind_model(model)
+    _set_queue(one, _start_queue(), 5)
     x = _global_batch()
-    p = model(x)[0]
-    z = capture.capture.take("test")
-    supports: list[torch.Tensor | None] = [_queue(i // B) for i in range(WORLD * B)]
-    ref = ref_nnclr(p, z, supports)
-    ref.backward()
+    value = one(model(x))
+    value.backward()
     mean = sum(r["loss"] for r in results) / WORLD
-    assert mean == pytest.approx(ref.item(), rel=1e-5)
+    assert mean == pytest.approx(value.item(), rel=1e-5)
     assert results[0]["loss"] != pytest.approx(results[1]["loss"], rel=1e-3)
     for n, q in model.named_parameters():
         for r in results:
-            torch.testing.assert_close(r["grads"][n], q.grad.float(), rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(r["grads"][n], q.grad, rtol=1e-4, atol=1e-6)
     # a gradient far above atol: 1 / world_size of it would fail the comparison
     assert model.heads[1].weight.grad.abs().max() > 1000 * 1e-6
+    for r in results:
+        torch.testing.assert_close(r["queue"], one.queue)
+        assert r["written"] == one.written.item() == 5 + WORLD * B
+
+    # the paper's formula, written in the test, over the global batch and the one queue
+    reference = _TinyModel(seed=11)
+    capture = NNCLRLoss(temperature=T, queue_size=5, embedding_dim=8)
+    capture.bind_model(reference)
+    p = reference(x)[0]
+    z = capture.capture.take("test")
+    ref = ref_nnclr(p, z, [_start_queue()] * (WORLD * B))
+    assert mean == pytest.approx(ref.item(), rel=1e-5)
+    # 6 projections (rank 0's 3, then rank 1's) into 5 slots from slot 5 % 5 = 0: row 0
+    # lands in slot 0 and is overwritten by row 5, rank 1's last
     z1 = nn.functional.normalize(z[: WORLD * B].detach(), dim=1)
-    for rank, r in enumerate(results):
-        expected = torch.cat([z1[rank * B : (rank + 1) * B], _queue(rank)[B:]])
-        torch.testing.assert_close(r["queue"], expected)
+    torch.testing.assert_close(results[1]["queue"], z1[[5, 1, 2, 3, 4]])
+
+
+def _shared_queue_worker(rank: int, world: int) -> dict[str, Any]:
+    """Step 1 from an empty queue of 2 * B: every rank writes its z1, so the queue is
+    full and the same on both ranks. Step 2 (the same weights): rank 1 is given rank
+    0's step-1 inputs, so its nearest neighbours must be rank 0's entries."""
+    model = _TinyModel(seed=11)
+    loss = NNCLRLoss(temperature=T, queue_size=WORLD * B, embedding_dim=8)
+    loss.bind_model(model)
+    with torch.no_grad():
+        loss(model(_inputs(rank)))
+        z1 = nn.functional.normalize(model.heads[0](model.trunk(_inputs(rank)[:B])), dim=1)
+        queue = loss.queue.clone()
+        x = _inputs(0) if rank == 1 else _inputs(rank)
+        z = nn.functional.normalize(model.heads[0](model.trunk(x[:B])), dim=1)
+        index = (z @ loss.queue.t()).argmax(dim=1)
+        positives = loss.support(z)
+    return {
+        "z1": z1,
+        "queue": queue,
+        "full": bool(loss.is_full()),
+        "index": index,
+        "positives": positives,
+    }
+
+
+def test_rank_1_holds_and_finds_rank_0s_projections() -> None:
+    results = spawn_gloo(_shared_queue_worker, WORLD)
+    for r in results:
+        assert r["full"]
+        # the one support set: rank 0's view-1 projections, then rank 1's, on every rank
+        torch.testing.assert_close(r["queue"], torch.cat([results[0]["z1"], results[1]["z1"]]))
+    # rank 1's search covers rank 0's entries: its neighbours are rows 0..B-1
+    assert results[1]["index"].tolist() == list(range(B))
+    torch.testing.assert_close(results[1]["positives"], results[0]["z1"])
 
 
 def _fake_task(loss: NNCLRLoss, model: nn.Module) -> Any:
@@ -329,34 +406,57 @@ def _fake_task(loss: NNCLRLoss, model: nn.Module) -> Any:
     )
 
 
-def _checkpoint_worker(rank: int, world: int, path: str) -> dict[str, Any]:
+def _old_queue(rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(70 + rank)
+    return nn.functional.normalize(torch.randn(5, 8, generator=g), dim=1)
+
+
+def _checkpoint_worker(rank: int, world: int, path: str, old_format: bool) -> dict[str, Any]:
+    """Save a checkpoint on 2 processes and restore it into a fresh loss on each.
+    ``old_format``: the checkpoint as today's main wrote it, each rank's own queue of 5
+    under ``per_rank[r]["loss"]`` (7 and 8 written) and nothing in
+    ``classy_state_dict["loss"]``; the run resumes with one queue of 10."""
     from vissl.trainer.checkpointing import checkpoint_state, restore_checkpoint_state
     from vissl.utils.distributed import barrier
 
-    loss, model = _bound(queue_size=5, seed=12)
-    loss.load_rank_state_dict({"queue": _queue(rank), "written": torch.tensor(7 + rank)})
+    loss, model = _bound(queue_size=10, seed=12)
+    _set_queue(loss, torch.cat([_old_queue(0), _old_queue(1)]), 13)
     state = checkpoint_state(_fake_task(loss, model), phase_complete=True)
     if rank == 0:
+        if old_format:
+            state["classy_state_dict"]["loss"] = state["loss"] = {}
+            for r, per_rank in enumerate(state["classy_state_dict"]["per_rank"]):
+                per_rank["loss"] = {"queue": _old_queue(r), "written": torch.tensor(7 + r)}
         torch.save(state, path)
     barrier()
-    fresh, fresh_model = _bound(queue_size=5, seed=13)
+    fresh, fresh_model = _bound(queue_size=10, seed=13)
     restore_checkpoint_state(_fake_task(fresh, fresh_model), torch.load(path, weights_only=False))
     return {"queue": fresh.queue.clone(), "written": fresh.written.item()}
 
 
-def test_per_rank_queues_are_saved_and_restored_per_rank_on_two_processes() -> None:
-    """The checkpoint's rank-state path: rank 0 writes every rank's queue (gathered), and
-    each rank of the resumed run gets its own back, not rank 0's."""
+def test_the_support_set_is_saved_once_and_restored_on_every_rank() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "state.torch")
-        results = spawn_gloo(_checkpoint_worker, WORLD, path)
+        results = spawn_gloo(_checkpoint_worker, WORLD, path, False)
         saved = torch.load(path, weights_only=False)
-    assert saved["classy_state_dict"]["loss"] == {}
-    for rank, r in enumerate(results):
-        assert torch.equal(r["queue"], _queue(rank))
-        assert r["written"] == 7 + rank
-        kept = saved["classy_state_dict"]["per_rank"][rank]["loss"]
-        assert torch.equal(kept["queue"], _queue(rank))
+    expected = torch.cat([_old_queue(0), _old_queue(1)])
+    assert torch.equal(saved["classy_state_dict"]["loss"]["queue"], expected)
+    assert all("loss" not in r for r in saved["classy_state_dict"]["per_rank"])
+    for r in results:
+        assert torch.equal(r["queue"], expected) and r["written"] == 13
+
+
+def test_a_two_process_checkpoint_of_per_rank_queues_loads_them_in_rank_order() -> None:
+    """Each old queue oldest entry first (rank 0: 7 written into 5 slots, the oldest in
+    slot 2; rank 1: 8 written, slot 3), rank 0's first: the 10 entries fill the new
+    global queue, the same on both ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "state.torch")
+        results = spawn_gloo(_checkpoint_worker, WORLD, path, True)
+    expected = torch.cat([_old_queue(0)[[2, 3, 4, 0, 1]], _old_queue(1)[[3, 4, 0, 1, 2]]])
+    for r in results:
+        torch.testing.assert_close(r["queue"], expected)
+        assert r["written"] == 10
 
 
 # ----------------------------------------------------------------------------- config
@@ -436,3 +536,81 @@ def test_a_step_reads_nothing_back_from_the_device(monkeypatch: pytest.MonkeyPat
         loss(model(x)).backward()
     monkeypatch.undo()
     assert loss.written.item() == 12
+
+
+# ----------------------------------------------------------------------------- VISSL's name
+VISSL = [
+    "config.LOSS.name=nnclr_info_nce_loss",
+    "config.LOSS.nnclr_info_nce_loss.temperature=0.2",
+    "config.LOSS.nnclr_info_nce_loss.queue_size=24",
+]
+
+
+def test_vissl_name_and_keys_build_the_nnclr_loss() -> None:
+    """``nnclr_info_nce_loss`` (VISSL's NNCLR pull request) with its keys: the width is
+    inferred into ``buffer_params.embedding_dim``, and the loss is nnclr_loss's."""
+    cfg = _config(*VISSL, "config.LOSS.nnclr_info_nce_loss.buffer_params.embedding_dim=5")
+    loss = build_loss(cfg.LOSS, cfg)
+    assert isinstance(loss, NNCLRLoss) and type(loss).__name__ == "NNCLRInfoNCELoss"
+    assert (loss.embedding_dim, loss.queue_size, loss.temperature) == (32, 24, 0.2)
+    assert cfg.LOSS.nnclr_info_nce_loss.buffer_params.embedding_dim == 32
+    # the same value as nnclr_loss on the same model and batch
+    model = _TinyModel()
+    ours = NNCLRLoss(temperature=0.2, queue_size=6, embedding_dim=8)
+    vissl = build_loss(
+        AttrDict(
+            name="nnclr_info_nce_loss",
+            nnclr_info_nce_loss={
+                "temperature": 0.2,
+                "queue_size": 6,
+                "buffer_params": {"embedding_dim": 8, "world_size": 1},
+            },
+        )
+    )
+    x = torch.randn(8, 5)
+    values = []
+    for loss in (ours, vissl):
+        loss.bind_model(model)
+        _fill(loss, seed=9)
+        values.append(loss(model(x)[0]).item())
+    assert values[0] == pytest.approx(values[1], rel=1e-6)
+
+
+def test_vissl_prediction_head_params_must_be_the_predictor_head() -> None:
+    predictor = "{dims:[32,64,32],use_relu:true,use_bn:true}"
+    cfg = _config(*VISSL, f"config.LOSS.nnclr_info_nce_loss.prediction_head_params={predictor}")
+    assert build_loss(cfg.LOSS, cfg).embedding_dim == 32  # the last head's arguments: fine
+    key = "config.LOSS.nnclr_info_nce_loss.prediction_head_params"
+    for overrides in (
+        [f"{key}={{dims:[32,128,32],use_relu:true,use_bn:true}}"],  # another predictor
+        [  # VISSL's layout: the predictor only in the loss
+            f"{key}={predictor}",
+            "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[128,64,32],use_relu:true,use_bn:true}]]",
+        ],
+    ):
+        cfg = _config(*VISSL, *overrides)
+        with pytest.raises(ConfigError, match="last in config.MODEL.HEAD.PARAMS") as err:
+            build_loss(cfg.LOSS, cfg)
+        assert err.value.key_path == key
+
+
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [
+        ({"queue_size": 0}, "queue_size"),
+        ({"temperature": -1}, "temperature"),
+        ({"buffer_params": {"embedding_dim": 0}}, "buffer_params.embedding_dim"),
+        ({"buffer_params": {"embedding_size": 8}}, "buffer_params.embedding_size"),
+        ({"embedding_dim": 8}, "embedding_dim"),  # nnclr_loss's key, not VISSL's
+    ],
+)
+def test_vissl_key_errors_name_vissls_keys(params: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_loss(AttrDict(name="nnclr_info_nce_loss", nnclr_info_nce_loss=params))
+    assert err.value.key_path == f"config.LOSS.nnclr_info_nce_loss.{key}"
+
+
+def test_unknown_nnclr_loss_key_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_loss(AttrDict(name="nnclr_loss", nnclr_loss={"queue_length": 8}))
+    assert err.value.key_path == f"{KEY}.queue_length"

@@ -35,10 +35,12 @@ def ref_codes(scores: torch.Tensor) -> torch.Tensor:
 
 
 def ref_loss(scores: torch.Tensor, m_scores: torch.Tensor, crops: int, assign: list[int]) -> float:
+    """``m_scores``: the momentum encoder's scores of the assign crops, crop ``assign[j]``
+    in block ``j``."""
     b = scores.shape[0] // crops
     total = 0.0
-    for c in assign:
-        q = ref_codes(m_scores[c * b : (c + 1) * b])
+    for j, c in enumerate(assign):
+        q = ref_codes(m_scores[j * b : (j + 1) * b])
         term = 0.0
         for p in range(crops):
             if p == c:
@@ -83,19 +85,36 @@ def test_codes_come_from_the_momentum_scores() -> None:
     loss.bind_model(model)
     assert all(not p.requires_grad for p in loss.momentum_encoder.parameters())
     assert any(k.startswith("momentum_encoder.") for k in loss.state_dict())
-    scores, m_scores = torch.randn(12, 5), torch.randn(12, 5)
-    loss.momentum_output = [torch.randn(12, 4), m_scores]
+    scores, m_scores = torch.randn(12, 5), torch.randn(8, 5)  # 3 crops, 2 assign crops
+    loss.momentum_output = [torch.randn(8, 4), m_scores]
     got = loss([torch.randn(12, 4), scores]).item()
     assert got == pytest.approx(ref_loss(scores, m_scores, 3, [0, 1]), rel=1e-5)
     assert loss.momentum_output is None  # used once
     with pytest.raises(RuntimeError, match="momentum encoder output"):
         loss([torch.randn(12, 4), scores])
+    loss.momentum_output = [torch.randn(12, 4), torch.randn(12, 5)]  # every crop: refused
+    with pytest.raises(ValueError, match="crops_for_assign crops"):
+        loss([torch.randn(12, 4), scores])
+
+
+def test_codes_pair_with_their_crops_when_the_assign_crops_are_not_the_first() -> None:
+    """crops_for_assign=[2, 0]: the encoder's block 0 is crop 2, block 1 crop 0; the codes
+    of crop 2 are predicted by crops 0, 1 and 3 (and the queue keeps block j for crop j)."""
+    torch.manual_seed(3)
+    loss = make_loss(num_crops=4, crops_for_assign=[2, 0])
+    loss.bind_model(TinyModel())
+    scores, m_scores = torch.randn(8, 5), torch.randn(4, 5)
+    loss.momentum_output = [torch.randn(4, 4), m_scores]
+    got = loss([torch.randn(8, 4), scores]).item()
+    assert got == pytest.approx(ref_loss(scores, m_scores, 4, [2, 0]), rel=1e-5)
+    swapped = torch.cat([m_scores[2:], m_scores[:2]])
+    assert got != pytest.approx(ref_loss(scores, swapped, 4, [2, 0]), rel=1e-5)
 
 
 def test_uniform_momentum_scores_give_ln_k() -> None:
     loss = make_loss()
     loss.bind_model(TinyModel())
-    loss.momentum_output = [torch.randn(12, 4), torch.randn(12, 5)]
+    loss.momentum_output = [torch.randn(8, 4), torch.randn(8, 5)]
     assert loss([torch.randn(12, 4), torch.zeros(12, 5)]).item() == pytest.approx(math.log(5))
 
 
@@ -153,16 +172,16 @@ def test_queue_holds_momentum_embeddings_scored_by_momentum_prototypes() -> None
     model = TinyModel()
     loss = make_loss(num_crops=2, crops_for_assign=[0], queue_length=2, local_queue_length=2)
     loss.bind_model(model)
-    m_emb = torch.nn.functional.normalize(torch.randn(4, 4), dim=1)
-    loss.momentum_output = [m_emb, torch.randn(4, 5)]
+    m_emb = torch.nn.functional.normalize(torch.randn(2, 4), dim=1)  # crop 0 of 2 samples
+    loss.momentum_output = [m_emb, torch.randn(2, 5)]
     loss([torch.randn(4, 4), torch.randn(4, 5)])
-    assert torch.equal(loss.queue.embeddings[0], m_emb[:2])
+    assert torch.equal(loss.queue.embeddings[0], m_emb)
     # full now: the queue's momentum scores join the codes' Sinkhorn
-    scores, m_scores = torch.randn(4, 5), torch.randn(4, 5)
-    loss.momentum_output = [torch.randn(4, 4), m_scores]
+    scores, m_scores = torch.randn(4, 5), torch.randn(2, 5)
+    loss.momentum_output = [torch.randn(2, 4), m_scores]
     got = loss([torch.randn(4, 4), scores]).item()
     w = loss.momentum_encoder.heads[0].prototypes0.weight.detach()
-    q = ref_codes(torch.cat([m_scores[:2], m_emb[:2] @ w.t()]))[:2]
+    q = ref_codes(torch.cat([m_scores, m_emb @ w.t()]))[:2]
     row = scores[2:].double() / T
     expected = -(q * torch.log_softmax(row, dim=1)).sum(1).mean().item()
     assert got == pytest.approx(expected, rel=1e-5)

@@ -138,3 +138,36 @@ def test_in_a_model_the_last_layer_is_heads_0_prototypes0() -> None:
     out = model(torch.randn(2, 3, 16, 16))
     out = out[0] if isinstance(out, list | tuple) else out
     assert out.shape == (2, 12)
+
+
+def _mean_row_norm(weight: torch.Tensor) -> float:
+    return weight.detach().norm(dim=1).mean().item()
+
+
+def test_last_layer_starts_as_nn_linear_as_in_dino() -> None:
+    """facebookresearch/dino ``vision_transformer.py::DINOHead`` makes its weight-normalised
+    last layer after ``self.apply(self._init_weights)``: it keeps ``nn.Linear``'s default
+    init (rows of norm ~sqrt(1/3) = 0.577 for any input width), not the MLP's
+    trunc-normal 0.02 (0.32 at bottleneck 256)."""
+    torch.manual_seed(0)
+    head = DINOHead({}, 384, [65536], hidden_dim=2048, bottleneck_dim=256)
+    reference = _mean_row_norm(nn.Linear(256, 65536, bias=False).weight)
+    assert reference == pytest.approx(0.577, abs=0.01)
+    assert _mean_row_norm(head.prototypes0.weight) == pytest.approx(reference, abs=0.01)
+    bound = 1 / 256**0.5  # nn.Linear's U(+-1/sqrt(in))
+    assert head.prototypes0.weight.abs().max() <= bound
+    # the MLP keeps DINO's trunc-normal 0.02
+    first = head.mlp[0].weight
+    assert first.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_a_checkpoint_of_the_old_init_loads() -> None:
+    """Only the init changed: a head saved before (its last layer trunc-normal) loads."""
+    old = make_head(normalize_last_layer=False)
+    with torch.no_grad():
+        nn.init.trunc_normal_(old.prototypes0.weight, std=0.02)
+    new = make_head(normalize_last_layer=False)
+    new.load_state_dict(old.state_dict())
+    x = torch.randn(3, 16)
+    old.eval(), new.eval()
+    assert torch.equal(new(x), old(x))

@@ -127,3 +127,21 @@ def test_frozen_params_map_accepts_vissls_names() -> None:
         FreezeParametersHook({"heads.0.nothing.weight_v": 1}).on_start(
             SimpleNamespace(base_model=model)  # type: ignore[arg-type]
         )
+
+
+def test_last_layers_share_dino_heads_init() -> None:
+    """ibot_head's and dino_head's last layers are the one WeightNormLinear, started by the
+    one function (nn.Linear's default init): same seed, same weights."""
+    from vissl.models.heads.dino_head import DINOHead, WeightNormLinear
+
+    torch.manual_seed(0)
+    alone = WeightNormLinear(64, 1000).weight
+    torch.manual_seed(0)
+    reference = nn.Linear(64, 1000, bias=False).weight
+    assert torch.equal(alone, reference)
+    torch.manual_seed(0)
+    ibot = IBOTHead({}, 32, 1000, hidden_dim=48, bottleneck_dim=64, shared_head=True)
+    torch.manual_seed(0)
+    dino = DINOHead({}, 32, [1000], hidden_dim=48, bottleneck_dim=64)
+    assert torch.equal(ibot.mlp[0].weight, dino.mlp[0].weight)
+    assert torch.equal(ibot.prototypes0.weight, dino.prototypes0.weight)

@@ -123,3 +123,66 @@ def test_unknown_head_name() -> None:
         build_model(model_config([["mpl", {"dims": [128, 8]}]]), AttrDict())
     msg = str(e.value)
     assert "model head" in msg and "Did you mean 'mlp'" in msg and "'identity'" in msg
+
+
+def test_mlp_last_bn_is_a_batchnorm_alone_after_the_last_linear() -> None:
+    """``last_bn``: the projectors of SimSiam and MoCo v3 (BN without affine) and NNCLR
+    (affine) end in a BatchNorm1d with no ReLU after it, which no VISSL setting gives."""
+    head = mlp(dims=[8, 16, 4], use_bn=True, use_relu=True, use_bias=False, last_bn=True)
+    assert layer_types(head) == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear, nn.BatchNorm1d]
+    assert head.clf[-1].num_features == 4 and head.clf[-1].affine
+    head = mlp(dims=[8, 4], last_bn=True, last_bn_affine=False)
+    assert layer_types(head) == [nn.Linear, nn.BatchNorm1d]
+    last = head.clf[-1]
+    assert not last.affine and last.weight is None and last.bias is None
+    # the output of a training-mode forward is standardised per feature, and not clipped
+    out = head.train()(torch.randn(64, 8) * 3 + 5)
+    torch.testing.assert_close(out.mean(0), torch.zeros(4), atol=1e-5, rtol=0)
+    assert (out < 0).any()
+    cfg = model_config()
+    cfg.HEAD.BATCHNORM_EPS = 1e-3
+    cfg.HEAD.BATCHNORM_MOMENTUM = 0.01
+    head = get_model_head("mlp")(cfg, dims=[8, 4], last_bn=True)
+    assert head.clf[-1].eps == 1e-3 and head.clf[-1].momentum == 0.01
+    # the default is VISSL's layout
+    assert layer_types(mlp(dims=[8, 16, 4], use_bn=True)) == [nn.Linear, nn.BatchNorm1d, nn.Linear]
+
+
+def test_mlp_use_bias_per_linear_layer() -> None:
+    """``use_bias`` as a list, one per Linear: BYOL's MLP drops the last layer's bias,
+    SimSiam's predictor the first's; a bool still sets them all."""
+    linears = [
+        m
+        for m in mlp(dims=[8, 16, 4], use_bias=[False, True]).modules()
+        if isinstance(m, nn.Linear)
+    ]
+    assert [m.bias is not None for m in linears] == [False, True]
+    linears = [
+        m for m in mlp(dims=[8, 16, 4], use_bias=False).modules() if isinstance(m, nn.Linear)
+    ]
+    assert [m.bias is not None for m in linears] == [False, False]
+
+
+@pytest.mark.parametrize("use_bias", [[True], [True, False, True], "no", [1, 0]])
+def test_mlp_bad_use_bias_is_a_config_error(use_bias: object) -> None:
+    with pytest.raises(ConfigError, match="one per Linear layer") as err:
+        mlp(dims=[8, 16, 4], use_bias=use_bias)
+    assert err.value.key_path == "config.MODEL.HEAD.PARAMS"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"last_bn": True, "skip_last_layer_relu_bn": False}, "skip_last_layer_relu_bn: True"),
+        ({"last_bn_affine": False}, "without `last_bn: True`"),
+        ({"last_bn": "yes"}, "`last_bn` true or false"),
+        ({"last_bn": True, "last_bn_affine": 0}, "`last_bn_affine` true or false"),
+    ],
+)
+def test_mlp_contradictory_last_bn_settings_are_config_errors(
+    kwargs: dict[str, Any], match: str
+) -> None:
+    cfg = model_config([["mlp", {"dims": [128, 16, 8], "use_bn": True, **kwargs}]])
+    with pytest.raises(ConfigError, match=match) as e:
+        build_model(cfg, AttrDict())
+    assert e.value.key_path == "config.MODEL.HEAD.PARAMS"

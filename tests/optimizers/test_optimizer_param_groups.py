@@ -125,6 +125,59 @@ def test_head_weight_decay_and_lr_head() -> None:
     assert groups["head_regularized"]["weight_decay"] == 1e-4
 
 
+class TwoHeadModel(nn.Module):
+    """A trunk, a projector (head 0) and a predictor (head 1), as SimSiam's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(4, 4)
+        self.heads = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+
+def test_head_indices_put_only_those_heads_in_the_head_groups() -> None:
+    """SimSiam's --fix-pred-lr: the predictor (head 1) alone follows lr_head (held), the
+    projector stays with the trunk's cosine; the head weight decay is the predictor's."""
+    model = TwoHeadModel()
+    cfg = _opt_cfg(
+        head_optimizer_params={
+            "use_different_lr": True,
+            "use_different_wd": True,
+            "weight_decay": 0.0,
+            "head_indices": [1],
+        },
+        param_schedulers={
+            "lr": {"name": "cosine", "start_value": 0.1, "end_value": 0.0},
+            "lr_head": {"name": "constant", "value": 0.1},
+        },
+    )
+    schedules = build_param_schedulers(cfg, batch_size_per_replica=32, world_size=1)
+    optimizer = build_optimizer(cfg, model, param_schedulers=schedules)
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    predictor = {id(p) for p in model.heads[1].parameters()}
+    for name, param in model.named_parameters():
+        assert group_of[id(param)]["is_head"] == (id(param) in predictor), name
+    schedules.apply(optimizer, 0.5, None)
+    assert group_of[id(model.heads[1].weight)]["lr"] == pytest.approx(0.1)
+    assert group_of[id(model.heads[0].weight)]["lr"] == pytest.approx(0.05)
+    assert group_of[id(model.trunk.weight)]["lr"] == pytest.approx(0.05)
+    assert group_of[id(model.heads[1].weight)]["weight_decay"] == 0.0
+    assert group_of[id(model.heads[0].weight)]["weight_decay"] == 1e-4
+
+
+@pytest.mark.parametrize("indices", [[2], [0, 0], [-1], "1", [True]])
+def test_bad_head_indices_name_the_key(indices: object) -> None:
+    cfg = _opt_cfg(head_optimizer_params={"head_indices": indices})
+    with pytest.raises(ConfigError, match=r"head_optimizer_params\.head_indices") as err:
+        build_optimizer(cfg, TwoHeadModel())
+    assert "2 head(s)" in str(err.value)
+
+
+def test_head_indices_with_another_constructor_is_an_error() -> None:
+    cfg = _opt_cfg(head_optimizer_params={"head_indices": [1]}, param_group_constructor="dino")
+    with pytest.raises(ConfigError, match="'default' param-group constructor"):
+        build_optimizer(cfg, TwoHeadModel())
+
+
 def test_single_param_group() -> None:
     model = TinyModel()
     optimizer = build_optimizer(_opt_cfg(construct_single_param_group_only=True), model)

@@ -84,6 +84,101 @@ def test_vit_layer_decay_matches_the_hand_formula(layers: int) -> None:
     assert depths == set(range(layers + 2))
 
 
+def _dinov2_scale(name: str, layers: int, decay: float, patch_embed_lr_mult: float) -> float:
+    """DINOv2's get_vit_lr_decay_rate and get_params_groups_with_decay, written out for our
+    names: layer_id L + 1 unless an embedding (0) or block i (i + 1); patch_embed's rate
+    times patch_embed_lr_mult."""
+    layer_id = layers + 1
+    trunk_name = name.removeprefix("trunk.")
+    if not name.startswith("heads.") and any(
+        e in trunk_name for e in ("pos_embed", "patch_embed", "masked_embed", "cls_token")
+    ):
+        layer_id = 0
+    elif trunk_name.startswith("blocks."):
+        layer_id = int(trunk_name.split(".")[1]) + 1
+    scale = decay ** (layers + 1 - layer_id)
+    return scale * patch_embed_lr_mult if "patch_embed" in name else scale
+
+
+@pytest.mark.parametrize("mult", [0.2, 0.5])
+def test_patch_embed_lr_mult_and_the_final_norm_at_the_heads_rate(mult: float) -> None:
+    """DINOv2's groups: the patch embedding at mult times its depth's rate (its bias too),
+    the final norm at the schedule's rate, as the heads."""
+    layers, decay = 3, 0.8
+    cfg = _cfg(
+        f"config.MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS={layers}",
+        f"config.OPTIMIZER.layer_wise_lr_decay.decay={decay}",
+        f"config.OPTIMIZER.layer_wise_lr_decay.patch_embed_lr_mult={mult}",
+        "config.OPTIMIZER.layer_wise_lr_decay.final_norm_with_heads=True",
+        "config.OPTIMIZER.weight_decay=0.05",
+    )
+    model, schedules, optimizer = _build(cfg)
+    groups = _group_of(optimizer)
+    names = dict(model.named_parameters())
+    assert len(groups) == len(names)
+    schedules.apply(optimizer, 0.3, None)
+    base = schedules.values(0.3)["lr"]
+    for name, param in names.items():
+        want = base * _dinov2_scale(name, layers, decay, mult)
+        assert groups[id(param)]["lr"] == pytest.approx(want, rel=1e-12), name
+    assert groups[id(names["trunk.norm.weight"])]["lr_scale"] == 1.0
+    assert groups[id(names["trunk.patch_embed.proj.weight"])]["lr_scale"] == pytest.approx(
+        decay ** (layers + 1) * mult
+    )
+    assert groups[id(names["trunk.pos_embed"])]["lr_scale"] == pytest.approx(decay ** (layers + 1))
+    patch_groups = {
+        g["param_group_name"]
+        for g in optimizer.param_groups
+        if "patch_embed" in g["param_group_name"]
+    }
+    assert patch_groups == {"layer0_patch_embed_regularized", "layer0_patch_embed_unregularized"}
+
+
+def test_the_final_norm_is_one_layer_below_the_heads_by_default() -> None:
+    """VISSL's depth L for the final norm stays the default (BEiT, MAE and DINOv2 put it
+    with the heads: final_norm_with_heads)."""
+    cfg = _cfg("config.OPTIMIZER.layer_wise_lr_decay.decay=0.5")
+    model, _, optimizer = _build(cfg)
+    names = dict(model.named_parameters())
+    groups = _group_of(optimizer)
+    assert groups[id(names["trunk.norm.bias"])]["lr_scale"] == 0.5
+    assert (
+        groups[id(names["trunk.patch_embed.proj.weight"])]["lr_scale"]
+        == groups[id(names["trunk.pos_embed"])]["lr_scale"]
+    )
+    assert vit_param_depth("trunk.norm.weight", 4) == 4
+    assert vit_param_depth("trunk.norm.weight", 4, final_norm_with_heads=True) == 5
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("patch_embed_lr_mult=-0.1", "patch_embed_lr_mult"),
+        ("patch_embed_lr_mult=fast", "patch_embed_lr_mult"),
+        ("final_norm_with_heads=1", "final_norm_with_heads"),
+    ],
+)
+def test_lr_decay_options_errors(override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _build(_cfg(f"config.OPTIMIZER.layer_wise_lr_decay.{override}"))
+    assert err.value.key_path == f"config.OPTIMIZER.layer_wise_lr_decay.{key}"
+
+
+@pytest.mark.parametrize("override", ["patch_embed_lr_mult=0.2", "final_norm_with_heads=True"])
+def test_vit_only_lr_decay_options_on_a_resnet_are_an_error(override: str) -> None:
+    cfg = _cfg(
+        "config.MODEL.TRUNK.NAME=resnet",
+        "config.MODEL.TRUNK.RESNETS.DEPTH=18",
+        "config.MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER=0.25",
+        "config.MODEL.HEAD.PARAMS=[[mlp,{dims:[128,10]}]]",
+        f"config.OPTIMIZER.layer_wise_lr_decay.{override}",
+    )
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match="vision_transformer") as err:
+        _build(cfg)
+    assert err.value.key_path == f"config.OPTIMIZER.layer_wise_lr_decay.{key}"
+
+
 def test_weight_decay_schedule_sets_the_regularized_decay_groups_only() -> None:
     cfg = _cfg(
         "+config.OPTIMIZER.param_schedulers.weight_decay={name: linear, start_value: 0.04, "

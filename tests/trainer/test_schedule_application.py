@@ -27,6 +27,7 @@ from vissl.trainer.task import SelfSupervisionTask
 COSINE = {"name": "cosine", "start_value": 0.1, "end_value": 0.001}
 LINEAR_HEAD = {"name": "linear", "start_value": 0.5, "end_value": 0.05}
 WD_COSINE = {"name": "cosine", "start_value": 0.04, "end_value": 0.4}
+WD_HEAD = {"name": "linear", "start_value": 0.1, "end_value": 0.0}
 CONSTANT = {"name": "constant", "value": 0.2}  # updated per epoch by default
 WHERES = [0.0, 1e-9, 0.013, 0.1, 0.25, 1 / 3, 0.5, 0.77, 0.999, 0.99999999, 1.0]
 
@@ -74,11 +75,11 @@ def reference_apply(
         name = schedules.group_schedule_name(group)
         if interval is None or schedules.update_interval(name) == interval:
             group["lr"] = float(schedules.scheduler(name)(w))
-        wd_due = schedules.has_weight_decay and (
-            interval is None or schedules.update_interval("weight_decay") == interval
-        )
-        if wd_due and schedules.follows_weight_decay(group):
-            group["weight_decay"] = float(schedules.scheduler("weight_decay")(w))
+        wd_name = schedules.weight_decay_schedule_name(group)
+        if wd_name is not None and (
+            interval is None or schedules.update_interval(wd_name) == interval
+        ):
+            group["weight_decay"] = float(schedules.scheduler(wd_name)(w))
 
 
 CASES = {
@@ -99,6 +100,18 @@ CASES = {
         {},
     ),
     "lr only": ({"lr": COSINE}, {}),
+    "head weight decay per epoch, trunk weight decay per step": (
+        {
+            "lr": COSINE,
+            "weight_decay": WD_COSINE,
+            "weight_decay_head": {**WD_HEAD, "update_interval": "epoch"},
+        },
+        {},
+    ),
+    "head weight decay only, replacing the head's own": (
+        {"lr": COSINE, "weight_decay_head": WD_HEAD},
+        {"use_different_wd": True},
+    ),
 }
 
 
@@ -151,9 +164,19 @@ class AppliedValues(VisslHook):
         self.rows.append((task.where, groups))
 
 
-def test_every_training_step_uses_the_schedule_value_at_where(tmp_path: Any) -> None:
+@pytest.mark.parametrize("head_wd", [False, True])
+def test_every_training_step_uses_the_schedule_value_at_where(tmp_path: Any, head_wd: bool) -> None:
+    head = (
+        [
+            "+config.OPTIMIZER.param_schedulers.weight_decay_head={name: linear, start_value: 0.1, "
+            "end_value: 0.0}"
+        ]
+        if head_wd
+        else []
+    )
     cfg = tiny_config(
         tmp_path,
+        *head,
         "config.OPTIMIZER.param_schedulers.lr.name=cosine",
         "config.OPTIMIZER.param_schedulers.lr.update_interval=step",
         "config.OPTIMIZER.param_schedulers.lr.start_value=0.1",
@@ -177,7 +200,9 @@ def test_every_training_step_uses_the_schedule_value_at_where(tmp_path: Any) -> 
         for name, is_head, lr, wd in groups:
             heads.add(is_head)
             assert lr == values["lr_head" if is_head else "lr"], (where, name)
-            if name in ("trunk_regularized", "head_regularized"):
+            if name == "head_regularized" and head_wd:
+                assert wd == values["weight_decay_head"] == pytest.approx(0.1 * (1 - where))
+            elif name in ("trunk_regularized", "head_regularized"):
                 assert wd == values["weight_decay"], (where, name)
             else:
                 assert wd == 0.0, (where, name)

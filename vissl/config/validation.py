@@ -373,6 +373,9 @@ def check_types(cfg: Mapping[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- values
+#: ``MODEL.GRAD_CLIP.MODE`` values (vissl/hooks/grad_clip_hooks.py)
+GRAD_CLIP_MODES = ("global", "per_parameter", "per_module")
+
 _CHOICES = {
     "MACHINE.DEVICE": ("cpu", "gpu"),
     "MULTI_PROCESSING_METHOD": ("fork", "forkserver", "spawn"),
@@ -382,6 +385,7 @@ _CHOICES = {
     "DATA.TEST.LABEL_TYPE": ("standard", "sample_index", "zero"),
     "MODEL.AMP_PARAMS.AMP_TYPE": ("pytorch", "apex"),
     "MODEL.AMP_PARAMS.AMP_DTYPE": ("float16", "bfloat16", "fp16", "bf16"),
+    "MODEL.GRAD_CLIP.MODE": GRAD_CLIP_MODES,
     "MODEL.COMPILE.MODE": (
         "default",
         "reduce-overhead",

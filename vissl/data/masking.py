@@ -61,11 +61,15 @@ def block_mask(
 ) -> torch.Tensor:
     """BEiT's block-wise mask: about ``num_masked`` patches covered by rectangles.
 
-    Each round draws up to ``max_attempts`` rectangles (area uniform in
-    ``[min_num_patches, patches still to cover]``, log aspect ratio uniform in
-    ``log_aspect_ratio``, position uniform) and keeps the first that covers new patches
-    without exceeding the target; the rounds stop when the target is reached or a round
-    adds nothing, so a mask may cover a few patches less than asked.
+    Each round draws up to ``max_attempts`` rectangles (area uniform between
+    ``min_num_patches`` and the patches still to cover, in either order as Python's
+    ``random.uniform``; log aspect ratio uniform in ``log_aspect_ratio``; sides rounded;
+    position uniform) and keeps the first that is strictly smaller than the grid (``h < H``
+    and ``w < W``) and covers new patches without exceeding the target; the rounds stop
+    when the target is reached or a round adds nothing, so a mask may cover a few patches
+    less than asked. This is iBOT's ``ImageFolderMask`` and BEiT's / DINOv2's
+    ``MaskingGenerator`` draw for draw (DINOv2's per-block cap ``max_num_patches`` aside);
+    on grids under 3 patches a side the smallest area is 1 here, 0 in iBOT.
 
     Args:
         grid: the patch grid (h, w).
@@ -84,11 +88,11 @@ def block_mask(
         room = target - covered
         added = 0
         for _ in range(max_attempts):
-            area = _uniform(min(low, room), room)
+            area = _uniform(low, room)  # in [room, low] when low > room, as random.uniform
             aspect = math.exp(_uniform(*log_aspect_ratio))
             h = round(math.sqrt(area * aspect))
             w = round(math.sqrt(area / aspect))
-            if not (0 < h <= height and 0 < w <= width):
+            if not (0 < h < height and 0 < w < width):  # iBOT's and BEiT's strict bounds
                 continue
             top, left = _randint(0, height - h), _randint(0, width - w)
             block = mask[top : top + h, left : left + w]

@@ -125,12 +125,12 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     """
     from vissl.hooks.checkpoint_hooks import CheckpointHook, LogMetricsHook
     from vissl.hooks.ema_hook import EmaHook, ema_enabled
+    from vissl.hooks.grad_clip_hooks import GradClipHook
     from vissl.hooks.log_hooks import LogLossLrEtaHook, LogPerfTimeMetricsHook
     from vissl.hooks.online_monitors import build_online_monitor_hooks
     from vissl.hooks.state_update_hooks import (
         CheckNanLossHook,
         FreezeParametersHook,
-        GradClipHook,
         parse_frozen_params_map,
     )
     from vissl.hooks.tensorboard_hook import SSLTensorboardHook
@@ -148,10 +148,18 @@ def default_hook_generator(cfg: Any) -> list[Any]:
             )
         )
     frozen = parse_frozen_params_map(list(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP or []))
+    clip = (
+        GradClipHook.from_config(cfg.MODEL.GRAD_CLIP) if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP else None
+    )
+    # Both on_backward, in this order. VISSL drops the frozen gradients, then clips the
+    # rest together (global); DINO, iBOT and DINOv2 clip first (DINOv2's dino_head norm
+    # counts the last layer's gradient while that layer is frozen), then discard them.
+    if clip is not None and clip.mode != "global":
+        hooks.append(clip)
     if frozen:
         hooks.append(FreezeParametersHook(frozen))
-    if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP:
-        hooks.append(GradClipHook(cfg.MODEL.GRAD_CLIP.NORM_TYPE, cfg.MODEL.GRAD_CLIP.MAX_NORM))
+    if clip is not None and clip.mode == "global":
+        hooks.append(clip)
     if ema_enabled(cfg.HOOKS.EMA_MODEL):
         # priority LOW + 5: its on_update follows hooks that edit the weights after the step
         hooks.append(EmaHook.from_config(cfg))

@@ -1,5 +1,6 @@
-"""Hooks that guard or modify training state: NaN/Inf loss check, gradient clipping,
-parameters frozen for the first iterations (``MODEL.TEMP_FROZEN_PARAMS_ITER_MAP``)."""
+"""Hooks that guard or modify training state: NaN/Inf loss check, gradient clipping
+(:class:`~vissl.hooks.grad_clip_hooks.GradClipHook`, re-exported here), parameters frozen
+for the first iterations (``MODEL.TEMP_FROZEN_PARAMS_ITER_MAP``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from vissl.errors import ConfigError
 from vissl.hooks.base import Priority, VisslHook
+from vissl.hooks.grad_clip_hooks import GradClipHook  # noqa: F401  (its former home)
 from vissl.hooks.log_values import read_log_values
 from vissl.utils.checkpoint import detach_to_cpu
 
@@ -157,19 +159,6 @@ class CheckNanLossHook(VisslHook):
         self._losses.clear()
         self._iters.clear()
         self._phases.clear()
-
-
-class GradClipHook(VisslHook):
-    """Clip the gradient norm after backward (MODEL.GRAD_CLIP), unscaling first under fp16."""
-
-    def __init__(self, norm_type: float | str = 2, max_norm: float = 1.0) -> None:
-        self.norm_type = float("inf") if str(norm_type) == "inf" else float(norm_type)
-        self.max_norm = float(max_norm)
-
-    def on_backward(self, task: SelfSupervisionTask) -> None:
-        task.precision.unscale_(task.optimizer)
-        params = [p for p in task.base_model.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)
 
 
 _FROZEN_KEY = "config.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP"

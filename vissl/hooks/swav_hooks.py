@@ -6,8 +6,9 @@
 - :class:`SwAVTrackingHook`: keep the loss's iteration equal to the task's (queue start,
   hard assignments), tell it whether the phase trains (test phases do not fill the queue),
   and warn when a train phase's loss sits at ``ln K`` (collapsed codes).
-- :class:`SwAVMomentumHook`: run the momentum encoder on the batch (its scores give the
-  codes) and follow the model by EMA after every optimizer step.
+- :class:`SwAVMomentumHook`: run the momentum encoder on the ``crops_for_assign`` crops
+  (their scores give the codes) with the model's BatchNorm statistics, and follow the
+  model by EMA after every optimizer step.
 
 The hooks meet the loss on attributes (``iteration``, ``uniform_loss``,
 ``momentum_encoder``, ...), not on its class.
@@ -16,6 +17,8 @@ The hooks meet the loss on attributes (``iteration``, ``uniform_loss``,
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +28,7 @@ from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.distributed import is_primary
 
 if TYPE_CHECKING:
+    from vissl.models.momentum import EmaTensors
     from vissl.trainer.task import SelfSupervisionTask
 
 logger = logging.getLogger(__name__)
@@ -50,12 +54,17 @@ def normalize_all_prototypes(*modules: nn.Module | None) -> int:
 class NormalizePrototypesHook(VisslHook):
     """L2-normalise SwAV's prototypes once at start and after each optimizer step.
 
-    Runs late (``Priority.LOW``) so that a momentum encoder's EMA update comes first.
+    Runs late (``Priority.LOW``) so that a momentum encoder's EMA update comes first. The
+    start of a resumed run (optimizer steps already done) leaves the restored prototypes
+    as they are: they were normalised after the last step, and normalising them again
+    changes their last bits, so the run would not resume bitwise.
     """
 
     priority = Priority.LOW
 
     def on_start(self, task: SelfSupervisionTask) -> None:
+        if int(getattr(task, "iteration", 0)) > 0:
+            return
         found = normalize_all_prototypes(task.base_model, task.loss)
         if found == 0:
             logger.warning(
@@ -107,36 +116,114 @@ class SwAVTrackingHook(VisslHook):
             )
 
 
-class SwAVMomentumHook(VisslHook):
-    """The momentum encoder of ``swav_momentum_loss``.
+def assign_crops(inputs: Any, crops_for_assign: Sequence[int], num_crops: int) -> Any:
+    """The crops of ``inputs`` whose codes are computed, in ``crops_for_assign`` order.
 
-    ``on_forward``: run ``task.loss.momentum_encoder`` on the batch, without gradients,
-    and store its output in ``task.loss.momentum_output`` (in eval mode from
-    ``task.loss.momentum_eval_mode_iter_start`` on). ``on_update``: EMA update,
-    ``encoder = m * encoder + (1 - m) * model``, with ``m = task.loss.momentum``.
+    ``inputs`` is the model's input: a list of one tensor per crop (``multicrop_collator``)
+    or one tensor of ``num_crops`` crop-major blocks of rows (``simclr_collator``). All the
+    crops in order: ``inputs`` itself.
+
+    Raises:
+        ValueError: ``inputs`` does not hold ``num_crops`` crops.
+    """
+    crops = [int(c) for c in crops_for_assign]
+    if crops == list(range(num_crops)):
+        return inputs
+    if isinstance(inputs, list | tuple):
+        if len(inputs) != num_crops:
+            raise ValueError(
+                f"swav_momentum_loss: the batch holds {len(inputs)} crop tensors but "
+                f"num_crops={num_crops}; check the multi-crop transform and LOSS num_crops."
+            )
+        return [inputs[c] for c in crops]
+    if isinstance(inputs, torch.Tensor):
+        rows = int(inputs.shape[0])
+        if rows % num_crops != 0:
+            raise ValueError(
+                f"swav_momentum_loss: {rows} input rows are not num_crops={num_crops} crops "
+                "of each sample; check the collator and LOSS num_crops."
+            )
+        b = rows // num_crops
+        return torch.cat([inputs[c * b : (c + 1) * b] for c in crops])
+    raise ValueError(
+        "swav_momentum_loss: the momentum encoder takes the crops of a tensor or a list of "
+        f"tensors, not a {type(inputs).__name__} (named inputs: MULTI_INPUT_HEAD_MAPPING)."
+    )
+
+
+class SwAVMomentumHook(VisslHook):
+    """The momentum encoder of ``swav_momentum_loss`` (VISSL's ``SwAVMomentumHook``).
+
+    ``on_forward`` (after the model's forward): copy the model's buffers (BatchNorm running
+    statistics) into ``task.loss.momentum_encoder``, then run it without gradients on the
+    ``crops_for_assign`` crops only (their scores give the codes), in eval mode from
+    ``task.loss.momentum_eval_mode_iter_start`` on, and store its output in
+    ``task.loss.momentum_output``. ``on_update``: EMA of the parameters,
+    ``encoder = m * encoder + (1 - m) * model`` with ``m = task.loss.momentum``, and the
+    buffers copied again.
+
+    In eval mode the encoder therefore normalises with the model's running statistics,
+    as in VISSL (``_update_momentum_network`` copies every ``running_*`` buffer); here every
+    buffer is copied (the BatchNorm counters as well, which no forward of the encoder
+    reads). The pairs of tensors are gathered once, ``on_start`` (after the FSDP task
+    sharded the model and the encoder: the pairs are then matching shards), or at first
+    use when no trainer calls ``on_start``.
     """
 
     priority = Priority.NORMAL
 
-    def on_forward(self, task: SelfSupervisionTask) -> None:
-        loss: Any = task.loss
-        encoder: nn.Module | None = getattr(loss, "momentum_encoder", None)
+    def __init__(self) -> None:
+        self._tensors: EmaTensors | None = None
+        self._paired_with: tuple[weakref.ref[nn.Module], weakref.ref[nn.Module]] | None = None
+
+    def _paired(self, task: SelfSupervisionTask, encoder: nn.Module) -> EmaTensors:
+        from vissl.models.momentum import ema_tensors
+
+        model = task.base_model
+        owners = self._paired_with
+        stale = owners is None or owners[0]() is not encoder or owners[1]() is not model
+        if self._tensors is None or stale:
+            self._tensors = ema_tensors(encoder, model)
+            self._paired_with = (weakref.ref(encoder), weakref.ref(model))
+        return self._tensors
+
+    @staticmethod
+    def _encoder(task: SelfSupervisionTask) -> nn.Module:
+        encoder: nn.Module | None = getattr(task.loss, "momentum_encoder", None)
         if encoder is None:
             raise RuntimeError(
                 "SwAVMomentumHook: the loss has no momentum encoder; call "
                 "loss.bind_model(model) first (the trainer does)."
             )
+        return encoder
+
+    def on_start(self, task: SelfSupervisionTask) -> None:
+        # Pair now, with the task built (sharded, compiled, resumed): under FSDP the model's
+        # parameters are then its shards; inside a step (after its forward) they are not.
+        self._paired(task, self._encoder(task))
+
+    def on_forward(self, task: SelfSupervisionTask) -> None:
+        from vissl.models.momentum import copy_tensors_
+
+        loss: Any = task.loss
+        encoder = self._encoder(task)
+        tensors = self._paired(task, encoder)
+        copy_tensors_(tensors.target_buffers, tensors.source_buffers)
         train_mode = bool(task.train) and task.iteration < int(loss.momentum_eval_mode_iter_start)
         if encoder.training != train_mode:
             encoder.train(train_mode)
+        inputs = assign_crops(
+            task.last_batch.sample["input"], loss.crops_for_assign, int(loss.num_crops)
+        )
         with torch.no_grad(), task.precision.autocast():
-            output = encoder(task.last_batch.sample["input"])
+            output = encoder(inputs)
         if isinstance(output, list | tuple) and len(output) == 1:
             output = output[0]
         loss.momentum_output = output
 
     def on_update(self, task: SelfSupervisionTask) -> None:
-        from vissl.models.momentum import ema_update_
+        from vissl.models.momentum import ema_update_tensors_
 
         loss: Any = task.loss
-        ema_update_(loss.momentum_encoder, task.base_model, float(loss.momentum))
+        tensors = self._paired(task, self._encoder(task))
+        ema_update_tensors_(tensors, float(loss.momentum), copy_buffers=True)

@@ -41,12 +41,16 @@ sets :attr:`MoCoV3Loss.target_output`; after each optimizer step it moves toward
 model, ``m = 1 - (1 - momentum) * (cos(pi * k / K) + 1) / 2`` (MoCo v3's cosine schedule,
 ``--moco-m-cos``, from ``momentum`` at the first iteration to 1 at the last).
 
-Two differences from the paper's code, both from how the batch reaches the model here:
-the two views go through the model (and the momentum encoder) in one forward of ``2B``
-images, so BatchNorm layers see both views' statistics together (the paper's code runs
-``f_q(x1)`` and ``f_q(x2)`` separately); and the momentum update comes after the
-optimizer step of iteration ``k`` (the paper's Algorithm 1) rather than before the
-forward of iteration ``k + 1`` (its code): the same sequence of encoders.
+Two differences from the paper's code. The two views go through the model (and the
+momentum encoder) in one forward of ``2B`` images, so BatchNorm layers see both views'
+statistics together (the paper's code runs ``f_q(x1)`` and ``f_q(x2)`` separately; see
+:mod:`vissl.losses.predictor_common`). And the momentum index is shifted by one
+iteration: here the update after the optimizer step of iteration ``k - 1`` (the paper's
+Algorithm 1) uses ``m(k - 1)``, so the keys of iteration ``k`` come from
+``m(k - 1) * f_k + (1 - m(k - 1)) * f_q``; the paper's code (``main_moco.py``,
+``adjust_moco_momentum`` then the update at the start of ``MoCo.forward``) blends the
+same weights at the start of iteration ``k`` with ``m(k)``. The schedule moves by at most
+``(1 - momentum) * pi / (2K)`` per iteration, so the two encoders differ negligibly.
 
 The momentum encoder is a submodule of the loss (``target_network``), hence in
 ``classy_state_dict["loss"]`` of every checkpoint; resume is exact.

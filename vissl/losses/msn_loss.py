@@ -2,10 +2,10 @@
 Label-Efficient Learning*, ECCV 2022), VISSL's name and keys.
 
 Each image gives a target view and ``M`` anchor views (``msn_collator``): ``R`` views of the
-target's size and ``F`` focal views (small crops: MSN's focal masking), the patches of
-every anchor view masked at random (the ViT encodes the visible patches only,
-``MASKED_IMAGE_MODELING.NAME: mae``; the focal views' masks reach the trunk as
-``focal_mask``). VISSL's layout works too: ``multicrop_collator`` (crop 0 the target, the
+target's size, their patches masked at random (the ViT encodes the visible patches only,
+``MASKED_IMAGE_MODELING.NAME: mae``), and ``F`` focal views (small crops: MSN's focal
+masking), seen whole as in MSN's code (masking them too is an ablation: their masks reach
+the trunk as ``focal_mask``). VISSL's layout works too: ``multicrop_collator`` (crop 0 the target, the
 model encoding every crop; the loss drops its crop-0 rows) with the trunk dropping the
 patches itself (``MASKED_IMAGE_MODELING.NAME: msn``). The model (``msn_head``) maps each
 anchor to its cosine similarities with the L2-normalised prototypes; the target encoder,
@@ -119,6 +119,62 @@ def _heads(model: nn.Module) -> list[MSNHead]:
     return [m for m in model.modules() if isinstance(m, MSNHead)]
 
 
+def _masks_focal_crops(transforms: Any) -> bool | None:
+    """Whether the masking transforms mask a focal crop (a crop after the first, largest,
+    ``ImgPilToMultiCrop`` group); None when the crops cannot be read from the config."""
+    groups = None
+    for t in transforms or []:
+        if isinstance(t, Mapping) and t.get("name") == "ImgPilToMultiCrop":
+            sizes, counts = list(t.get("size_crops") or []), list(t.get("num_crops") or [])
+            if sizes and len(sizes) == len(counts) and sizes[0] == max(sizes):
+                groups = counts
+    if groups is None:
+        return None
+    large = int(groups[0])
+    for t in transforms:
+        if isinstance(t, Mapping) and t.get("name") == "RandomPatchMasking":
+            indices = t.get("indices")
+            if indices is None or any(int(k) >= large for k in indices):
+                return True
+    return False
+
+
+def _check_focal_masking(data: Mapping[str, Any], inputs: list[str], mapping: list[Any]) -> None:
+    """MSN masks the anchor views only; masking the focal views too (an ablation) needs
+    their masks in INPUT_KEY_NAMES and mapped to the trunk, or they would go unused."""
+    focal = next((e for e in mapping if len(e) == 2 and e[0] == FOCAL_VIEWS), None)
+    extra = focal[1].get("additional_keys") if focal is not None else None
+    mapped = isinstance(extra, Mapping) and extra.get(MASK) == FOCAL_MASK
+    listed = FOCAL_MASK in inputs
+    masked = _masks_focal_crops(data.get("TRANSFORMS"))
+    how = (
+        "MSN masks the anchor views only (RandomPatchMasking indices [1, ..., R]); to mask "
+        "the focal views too (an ablation) give RandomPatchMasking their indices, list "
+        f"{FOCAL_MASK} in config.DATA.TRAIN.INPUT_KEY_NAMES and map it to the trunk: "
+        '["focal_views", {"feat_names": ["lastCLS"], "additional_keys": {"mask": '
+        '"focal_mask"}}].'
+    )
+    if listed != mapped:
+        raise ConfigError(
+            f"{_KEY}: {FOCAL_MASK} is {'' if listed else 'not '}in "
+            "config.DATA.TRAIN.INPUT_KEY_NAMES but the focal_views entry of "
+            f"config.MODEL.MULTI_INPUT_HEAD_MAPPING {'does not pass' if listed else 'passes'} "
+            f"it to the trunk: {how}",
+            "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
+        )
+    if masked is not None and masked != listed:
+        detail = (
+            f"masks focal crops, but {FOCAL_MASK} is not in INPUT_KEY_NAMES (their masks "
+            "would not be used)"
+            if masked
+            else f"masks no focal crop, but {FOCAL_MASK} is in INPUT_KEY_NAMES (the batch has none)"
+        )
+        raise ConfigError(
+            f"{_KEY}: the RandomPatchMasking of config.DATA.TRAIN.TRANSFORMS {detail}: {how}",
+            "config.DATA.TRAIN.TRANSFORMS",
+        )
+
+
 @register_loss("msn_loss")
 class MSNLoss(MaskedDistillationLoss):
     """MSN's loss with its target encoder (see the module docstring).
@@ -223,8 +279,8 @@ class MSNLoss(MaskedDistillationLoss):
         if not {TARGET_VIEWS, ANCHOR_VIEWS, MASK} <= set(inputs):
             raise ConfigError(
                 f"{_KEY}: config.DATA.TRAIN.INPUT_KEY_NAMES must list {TARGET_VIEWS}, "
-                f"{ANCHOR_VIEWS}, {MASK} (and {FOCAL_VIEWS}, {FOCAL_MASK} with focal crops), "
-                f"e.g. [target_views, anchor_views, focal_views, mask, focal_mask]; got "
+                f"{ANCHOR_VIEWS}, {MASK} (and {FOCAL_VIEWS} with focal crops), "
+                f"e.g. [target_views, anchor_views, focal_views, mask]; got "
                 f"{inputs}.",
                 "config.DATA.TRAIN.INPUT_KEY_NAMES",
             )
@@ -244,12 +300,12 @@ class MSNLoss(MaskedDistillationLoss):
             raise ConfigError(
                 f"{_KEY}: config.MODEL.MULTI_INPUT_HEAD_MAPPING must be "
                 '[["anchor_views", {"feat_names": ["lastCLS"], "additional_keys": ["mask"]}], '
-                '["focal_views", {"feat_names": ["lastCLS"], "additional_keys": {"mask": '
-                '"focal_mask"}}]] (the second entry with focal crops only): the model encodes '
-                "the masked anchors and focal views; the target view goes to the target "
-                f"encoder only. Got {mapping}.",
+                '["focal_views", {"feat_names": ["lastCLS"]}]] (the second entry with focal '
+                "crops only): the model encodes the masked anchors and the focal views; the "
+                f"target view goes to the target encoder only. Got {mapping}.",
                 "config.MODEL.MULTI_INPUT_HEAD_MAPPING",
             )
+        _check_focal_masking(data, inputs, mapping)
         if trunk.get("NAME") != "vision_transformer" or mim not in ("mae", "msn"):
             raise ConfigError(
                 f"{_KEY}: the trunk must be vision_transformer with "

@@ -1,4 +1,4 @@
-"""What the predictor methods share: BYOL and SimSiam (MoCo v3 and NNCLR are to use it too).
+"""What the predictor methods share: BYOL, SimSiam, MoCo v3 and NNCLR.
 
 **The model.** ``MODEL.HEAD.PARAMS`` is a flat chain ``[projector, predictor]`` (VISSL
 main's BYOL layout): the trunk feature goes through the projector (one or more head
@@ -14,6 +14,19 @@ predictor's, ``p``. Each module is an ``mlp`` whose ``dims`` say its widths::
 **The batch.** Two views of each sample, view-major (``simclr_collator`` after
 ``ImgReplicatePil`` with ``num_times: 2``, or ``multicrop_collator`` with 2 crops): the
 output's rows ``0..B-1`` are view 1 and ``B..2B-1`` view 2.
+
+**Both views in one forward.** The model (and a target network) runs once on the ``2B``
+rows of both views, so every BatchNorm of trunk and heads normalises with statistics over
+both views together (over the global ``2 * W * B`` rows with SyncBN), and its running
+statistics get one update per step. The references normalise each view on its own:
+SimSiam's ``SimSiam.forward`` calls ``encoder(x1)`` and ``encoder(x2)``, MoCo v3's
+``MoCo.forward`` calls ``base_encoder`` and ``momentum_encoder`` once per view, BYOL's
+``byol_experiment.py`` applies its network to each view separately (``apply_once_fn``),
+and NNCLR's paper describes no joint forward. The views are drawn from the same
+distribution (MoCo v3's and BYOL's asymmetric augmentations aside), so the batch
+statistics of ``2B`` rows estimate the same moments as those of ``B`` with less noise;
+the difference is expected to be small, and with SyncBN over a large global batch
+smaller still. No config switches it.
 
 **Projections.** SimSiam and NNCLR also need the projector's output ``z`` of the same
 forward pass: :class:`ProjectionCapture` keeps the predictor's input (a forward pre-hook
@@ -122,10 +135,22 @@ def check_two_views(config: Mapping[str, Any], key: str, method: str) -> None:
 
 
 def infer_predictor_config(
-    params: MutableMapping[str, Any], config: Mapping[str, Any], loss_name: str, method: str
+    params: MutableMapping[str, Any],
+    config: Mapping[str, Any],
+    loss_name: str,
+    method: str,
+    dim_key: str = "embedding_dim",
 ) -> None:
     """The ``infer_config`` of a loss comparing predictions with projections of the same
-    width (BYOL, SimSiam): ``embedding_dim`` from the head, 2 views.
+    width (BYOL, SimSiam, NNCLR): the width from the head, 2 views.
+
+    Args:
+        params: ``LOSS.<loss_name>``, completed in place.
+        config: the whole config.
+        loss_name: the loss's name (its key under LOSS).
+        method: the method's name, for messages.
+        dim_key: where the width goes in ``params``, dotted (VISSL's keys put it under
+            ``buffer_params.embedding_dim``).
 
     Raises:
         ConfigError: HEAD.PARAMS is not ``[projector, predictor]``, their output widths
@@ -140,9 +165,13 @@ def infer_predictor_config(
             f"predictions of {prediction}; end the predictor's dims with {projection}.",
             _HEAD_KEY,
         )
-    if params.get("embedding_dim") != projection:
-        logger.info("%s.embedding_dim set to %d, the head's output width", key, projection)
-        params["embedding_dim"] = projection
+    *parents, leaf = dim_key.split(".")
+    node = params
+    for part in parents:
+        node = node.setdefault(part, {})
+    if node.get(leaf) != projection:
+        logger.info("%s.%s set to %d, the head's output width", key, dim_key, projection)
+        node[leaf] = projection
     check_two_views(config, key, method)
 
 
@@ -158,15 +187,18 @@ def single_output(output: Any, method: str) -> torch.Tensor:
     return output
 
 
-def checked_prediction(output: Any, method: str, embedding_dim: int) -> torch.Tensor:
+def checked_prediction(
+    output: Any, method: str, embedding_dim: int, key: str | None = None
+) -> torch.Tensor:
     """The predictor's output ``(2 * B, embedding_dim)`` of a model output.
 
     Raises:
-        ConfigError: its width is not ``config.LOSS.<method>.embedding_dim``.
+        ConfigError: its width is not ``embedding_dim``; the error names ``key``
+            (default ``config.LOSS.<method>.embedding_dim``).
     """
     prediction = single_output(output, method)
     if prediction.ndim != 2 or prediction.shape[1] != embedding_dim:
-        key = f"config.LOSS.{method}.embedding_dim"
+        key = key or f"config.LOSS.{method}.embedding_dim"
         raise ConfigError(
             f"{key} is {embedding_dim} but the model outputs shape "
             f"{tuple(prediction.shape)}; set it to the predictor's last dim.",

@@ -344,11 +344,19 @@ class SwAVLossBase(nn.Module):
         code_scores: torch.Tensor,
         queue_scores: list[torch.Tensor | None],
         bs: int,
+        code_blocks: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """One head's loss: for each assign crop, its codes predicted by every other crop."""
+        """One head's loss: for each assign crop, its codes predicted by every other crop.
+
+        ``code_blocks[j]``: the block of ``bs`` rows of ``code_scores`` that holds the
+        ``j``-th assign crop (default: the crop's index, ``code_scores`` holding every crop;
+        ``swav_momentum_loss`` passes ``0, 1, ...``, its encoder seeing the assign crops only).
+        """
+        blocks = self.crops_for_assign if code_blocks is None else list(code_blocks)
         total = pred_scores.new_zeros((), dtype=torch.float32)
         for j, crop in enumerate(self.crops_for_assign):
-            q = self.codes(code_scores[bs * crop : bs * (crop + 1)], queue_scores[j])
+            block = blocks[j]
+            q = self.codes(code_scores[bs * block : bs * (block + 1)], queue_scores[j])
             term = pred_scores.new_zeros((), dtype=torch.float32)
             for other in range(self.num_crops):
                 if other == crop:

@@ -1,14 +1,16 @@
 """``swav_momentum_loss``: SwAV whose codes come from a momentum (EMA) encoder.
 
 The loss keeps an EMA copy of the whole model (trunk and swav_head), made by
-``bind_model``. :class:`~vissl.hooks.swav_hooks.SwAVMomentumHook` runs it on each batch
-(``on_forward``) and updates it after each optimizer step (``on_update``):
+``bind_model``. :class:`~vissl.hooks.swav_hooks.SwAVMomentumHook` runs it on the
+``crops_for_assign`` crops of each batch (``on_forward``), with the model's BatchNorm
+running statistics copied in, and updates it after each optimizer step (``on_update``):
 ``encoder = momentum * encoder + (1 - momentum) * model``; from
-``momentum_eval_mode_iter_start`` on it runs in eval mode.
+``momentum_eval_mode_iter_start`` on it runs in eval mode (VISSL's
+``swav_momentum_hooks.py``).
 
 For each set of prototypes and each crop ``c`` of ``crops_for_assign``, the codes are
 Sinkhorn-Knopp (over the global batch, as in ``swav_loss``) of the MOMENTUM encoder's
-scores of crop ``c``; every other crop of the model predicts them, with the same
+scores of crop ``c`` (block ``j`` of its rows for ``c = crops_for_assign[j]``); every other crop of the model predicts them, with the same
 cross entropy and averaging as ``swav_loss``. The optional queue keeps the momentum
 encoder's embeddings of the assign crops, scored by its current prototypes; it is used
 from ``queue.start_iter`` on, once full. Prototypes are normalised in both models
@@ -93,8 +95,20 @@ class SwAVMomentumLoss(SwAVLossBase):
 
         return [*super().required_hooks(), SwAVMomentumHook()]
 
+    def split_momentum_output(self, output: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``(embedding, [scores_0, ...])`` of the momentum encoder's output (its rows: the
+        ``crops_for_assign`` crops, which need not be ``num_crops`` crops)."""
+        if isinstance(output, torch.Tensor) or len(output) != len(self.num_prototypes) + 1:
+            raise ValueError(
+                "swav_momentum_loss expects the momentum encoder's swav_head output "
+                f"[embedding, scores_0, ...] with {len(self.num_prototypes)} set(s) of scores."
+            )
+        outputs = list(output)
+        return outputs[0], outputs[1:]
+
     def forward(self, output: Any, target: Any = None) -> torch.Tensor:
-        """Loss of this rank's rows; the codes come from ``self.momentum_output``."""
+        """Loss of this rank's rows; the codes come from ``self.momentum_output``, the
+        momentum encoder's output on the ``crops_for_assign`` crops (in that order)."""
         emb, head_scores = self.split_output(output)
         if self.momentum_output is None:
             raise RuntimeError(
@@ -102,25 +116,30 @@ class SwAVMomentumLoss(SwAVLossBase):
                 "SwAVMomentumHook (declared in required_hooks) sets it on_forward; when "
                 "calling the loss by hand, set loss.momentum_output first."
             )
-        m_emb, m_scores = self.split_output(self.momentum_output)
+        m_emb, m_scores = self.split_momentum_output(self.momentum_output)
         self.momentum_output = None
-        if m_emb.shape[0] != emb.shape[0]:
-            raise ValueError(
-                f"swav_momentum_loss: the momentum encoder gave {m_emb.shape[0]} rows for "
-                f"{emb.shape[0]} rows of the model."
-            )
         bs = emb.shape[0] // self.num_crops
+        assign = len(self.crops_for_assign)
+        if m_emb.shape[0] != assign * bs:
+            raise ValueError(
+                f"swav_momentum_loss: the momentum encoder gave {m_emb.shape[0]} rows; it runs "
+                f"on the {assign} crops_for_assign crops of the {bs} samples ({assign * bs} "
+                "rows, in crops_for_assign order)."
+            )
         use_queue = self.queue.is_ready(self.iteration)
         if use_queue and not self._momentum_prototypes:
             raise RuntimeError("swav_momentum_loss: call loss.bind_model(model) first.")
         queued = self.queue_scores(
             self.queue, self._momentum_prototypes, use_queue, len(head_scores)
         )
+        blocks = range(assign)  # the encoder's rows: crops_for_assign[j] in block j
         loss = emb.new_zeros((), dtype=torch.float32)
         for h, (scores, code_scores) in enumerate(zip(head_scores, m_scores, strict=True)):
-            loss = loss + self.swapped_loss(scores, code_scores.detach(), queued[h], bs)
+            loss = loss + self.swapped_loss(
+                scores, code_scores.detach(), queued[h], bs, code_blocks=blocks
+            )
         loss = loss / len(head_scores)
         if self.training:
-            self.queue.push([m_emb[bs * c : bs * (c + 1)] for c in self.crops_for_assign])
+            self.queue.push([m_emb[bs * j : bs * (j + 1)] for j in blocks])
         self.after_forward()
         return loss

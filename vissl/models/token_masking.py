@@ -18,6 +18,7 @@ __all__ = [
     "keep_indices",
     "patchify",
     "restore_indices",
+    "sincos_2d_embedding",
     "sincos_2d_position_embedding",
     "unpatchify",
     "visible_count",
@@ -124,23 +125,47 @@ def _sincos_1d(dim: int, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
 
 
-def sincos_2d_position_embedding(height: int, width: int, dim: int) -> torch.Tensor:
-    """The fixed 2-D sin-cos position embedding of MAE / MoCo v3, ``(height * width, dim)``.
-
-    Half of the channels encode the row, half the column; each half is
-    ``[sin(pos * w_k), cos(pos * w_k)]`` with ``w_k = 10000^(-k / (dim / 4))``.
-
-    Raises:
-        ValueError: ``dim`` is not a multiple of 4.
-    """
+def _check_sincos_dim(dim: int) -> None:
     if dim % 4:
         raise ValueError(
             f"a 2-D sin-cos position embedding needs a width divisible by 4, not {dim}."
         )
-    rows, cols = torch.meshgrid(
-        torch.arange(height, dtype=torch.float64),
-        torch.arange(width, dtype=torch.float64),
-        indexing="ij",
+
+
+def sincos_2d_position_embedding(height: int, width: int, dim: int) -> torch.Tensor:
+    """The fixed 2-D sin-cos position embedding of MoCo v3, ``(height * width, dim)``.
+
+    Half of the channels encode the row, half the column; each half is
+    ``[sin(pos * w_k), cos(pos * w_k)]`` with ``w_k = 10000^(-k / (dim / 4))``. MAE's and
+    I-JEPA's code put the column half first (:func:`sincos_2d_embedding` with
+    ``columns_first``), a permutation of the channels.
+
+    Raises:
+        ValueError: ``dim`` is not a multiple of 4.
+    """
+    _check_sincos_dim(dim)
+    return sincos_2d_embedding(
+        torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64), dim
     )
-    emb = torch.cat([_sincos_1d(dim // 2, rows), _sincos_1d(dim // 2, cols)], dim=1)
-    return emb.to(torch.float32)
+
+
+def sincos_2d_embedding(
+    rows: torch.Tensor, cols: torch.Tensor, dim: int, *, columns_first: bool = False
+) -> torch.Tensor:
+    """The 2-D sin-cos embedding of the grid ``rows x cols`` (positions in patch units, any
+    real numbers), ``(len(rows) * len(cols), dim)`` float32 in row-major order.
+
+    ``columns_first`` puts the column's ``dim / 2`` channels first (MAE's and I-JEPA's
+    ``get_2d_sincos_pos_embed``); otherwise the row's (MoCo v3's).
+
+    Raises:
+        ValueError: ``dim`` is not a multiple of 4.
+    """
+    _check_sincos_dim(dim)
+    grid_rows, grid_cols = torch.meshgrid(
+        rows.to(torch.float64), cols.to(torch.float64), indexing="ij"
+    )
+    halves = [_sincos_1d(dim // 2, grid_rows), _sincos_1d(dim // 2, grid_cols)]
+    if columns_first:
+        halves.reverse()
+    return torch.cat(halves, dim=1).to(torch.float32)

@@ -100,6 +100,13 @@ def build_param_groups(
                 key,
             )
         head = get_section(optimizer_config, "head_optimizer_params", _PATH)
+        if head.get("head_indices") is not None:
+            raise ConfigError(
+                f"{_PATH}.head_optimizer_params.head_indices chooses the head groups of the "
+                f"'default' param-group constructor, but {key} is {name!r}. Drop "
+                "head_indices, or use the 'default' constructor.",
+                f"{_PATH}.head_optimizer_params.head_indices",
+            )
         for option in ("use_different_lr", "use_different_wd"):
             if get_bool(head, option, f"{_PATH}.head_optimizer_params"):
                 logger.warning(
@@ -128,6 +135,37 @@ def build_param_groups(
     return groups
 
 
+def _warn_unused_head_weight_decay(
+    optimizer_config: Mapping[str, Any], schedules: ParamSchedulerSet, followed: set[str]
+) -> None:
+    """``param_schedulers.weight_decay_head`` with no group to set, or with a fixed head
+    weight decay it replaces: accepted, as VISSL does, but said once."""
+    if not schedules.has_weight_decay_head:
+        return
+    key = f"{_PATH}.param_schedulers.weight_decay_head"
+    if "weight_decay_head" not in followed:
+        logger.warning(
+            "%s is set but no param group follows it (it sets the 'default' constructor's "
+            "head_regularized group; this run has param_group_constructor %r%s): it has no "
+            "effect, as in VISSL.",
+            key,
+            optimizer_config.get("param_group_constructor") or "default",
+            ", construct_single_param_group_only"
+            if get_bool(optimizer_config, "construct_single_param_group_only", _PATH)
+            else "",
+        )
+        return
+    head = get_section(optimizer_config, "head_optimizer_params", _PATH)
+    if get_bool(head, "use_different_wd", f"{_PATH}.head_optimizer_params"):
+        logger.warning(
+            "%s.head_optimizer_params.use_different_wd is true but %s is set: the head's "
+            "regularized parameters follow the schedule, and "
+            "head_optimizer_params.weight_decay is not used (as in VISSL).",
+            _PATH,
+            key,
+        )
+
+
 def build_optimizer(
     optimizer_config: Mapping[str, Any],
     model: nn.Module,
@@ -142,7 +180,7 @@ def build_optimizer(
         model: the model (head parameters are those of ``model.heads``).
         param_schedulers: the run's schedules; their values at ``where=0`` are the initial
             learning rates (and weight decay of the regularized groups, when
-            ``param_schedulers.weight_decay`` is set). Without them the unscaled config
+            ``param_schedulers.weight_decay`` or ``weight_decay_head`` is set). Without them the unscaled config
             values are used as placeholders: call ``ParamSchedulerSet.apply`` before the
             first step.
         model_config: ``config.MODEL``, for the param-group constructors that read it
@@ -175,12 +213,16 @@ def build_optimizer(
             f"optimizer builder {name!r} ({OPTIMIZER_REGISTRY.origin(name)}) returned "
             f"{type(optimizer).__name__}, expected a torch.optim.Optimizer."
         )
-    if schedules.has_weight_decay:
-        # The regularized groups start at the weight-decay schedule's value at where=0.
-        weight_decay = schedules.values(0.0)["weight_decay"]
+    if schedules.has_weight_decay or schedules.has_weight_decay_head:
+        # The regularized groups start at their weight-decay schedule's value at where=0.
+        start = schedules.values(0.0)
+        followed: set[str] = set()
         for group in optimizer.param_groups:
-            if schedules.follows_weight_decay(group):
-                group["weight_decay"] = weight_decay
+            wd_name = schedules.weight_decay_schedule_name(group)
+            if wd_name is not None:
+                group["weight_decay"] = start[wd_name]
+                followed.add(wd_name)
+        _warn_unused_head_weight_decay(optimizer_config, schedules, followed)
     if use_larc:
         optimizer = build_larc(optimizer, larc_config)
     return optimizer

@@ -14,9 +14,9 @@ Per batch of ``B`` images cut into an ``h x w`` grid of ``patch_size`` patches:
 3. per image, one context block (the paper: scale (0.85, 1.0), aspect ratio 1) is placed
    uniformly and the target blocks' patches are removed from it (unless
    ``allow_overlap``), so the context never shows a target patch. A context left with
-   fewer than ``min_context_patches`` patches is drawn again; after ``max_tries`` failures
-   the last target block stops constraining it, then the one before, ... (I-JEPA's
-   fallback);
+   ``min_context_patches`` patches or fewer is drawn again (it must keep more, as
+   I-JEPA's ``len(mask) > min_keep``); after ``max_tries`` failures the last target block
+   stops constraining it, then the one before, ... (I-JEPA's fallback);
 4. so that the context tokens and the target tokens of the batch form tensors, every
    context keeps only its first ``K_c`` patches (row-major), ``K_c`` the smallest context
    of the batch, and every target block its first ``K_t`` patches, ``K_t`` the smallest
@@ -140,7 +140,7 @@ def multiblock_settings(params: Mapping[str, Any], key_path: str = _KEY) -> Mult
         target_aspect_ratio=_range(params, "target_aspect_ratio", (0.75, 1.5), key_path, None),
         context_scale=_range(params, "context_scale", (0.85, 1.0), key_path, 1.0),
         context_aspect_ratio=_range(params, "context_aspect_ratio", (1.0, 1.0), key_path, None),
-        min_context_patches=_int(params, "min_context_patches", 10, 1, key_path),
+        min_context_patches=_int(params, "min_context_patches", 10, 0, key_path),
         allow_overlap=allow_overlap,
         max_tries=_int(params, "max_tries", 20, 1, key_path),
     )
@@ -201,7 +201,8 @@ def context_block(
             block = place_block(grid, size, generator)
             for target in targets[:constraints]:
                 block &= ~target
-            if int(block.sum()) >= settings.min_context_patches or constraints == 0:
+            # more than min_context_patches, as I-JEPA's ``len(mask) > self.min_keep``
+            if int(block.sum()) > settings.min_context_patches or constraints == 0:
                 return block
         constraints -= 1
 

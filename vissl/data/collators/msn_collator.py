@@ -5,23 +5,27 @@ first, and the first of them is the TARGET view (seen whole by the target encode
 other crops of that size are the random-masked ANCHOR views (MSN: 1), and the smaller crops
 the FOCAL views (MSN's focal masking: a small crop of the image, 96 px for 224, MSN: 10).
 A patch-masking transform (``RandomPatchMasking``, last in the chain) gives the masks.
-MSN drops patches of every anchor view, the focal views included (the target view alone is
-seen whole): mask every crop but the target (``indices: [1, ..., K - 1]``, MSN's setting),
-or every crop; the collator keeps the anchors' and the focal views' masks. Masks of the
-crops of the largest size only, or (``indices``) of the anchor crops only, leave the focal
-views unmasked (an ablation). Which crops the masks belong to is read from their order and
-their grids (a mask's grid is its crop's size over the patch size). Output, for ``B``
-samples, every tensor crop-major (crop 1 of every sample, then crop 2, ...)::
+MSN drops patches of the anchor views of the target's size only (facebookresearch/msn
+``src/deit.py``: ``patch_drop`` applies to the first group of crops, its 224 px
+``rand_views``, and is 0 for the 96 px focal views): mask the anchor crops
+(``indices: [1, ..., R]``, MSN's setting) or the crops of the largest size, the target's
+too (its mask is not used); the focal views are seen whole. Masking the focal views too
+(``indices: [1, ..., K - 1]``, or every crop) is an ablation (lightly's MSN example does
+it): the collator then also returns the focal views' masks, ``focal_mask``. Which crops the
+masks belong to is read from their order and their grids (a mask's grid is its crop's size
+over the patch size). Output, for ``B`` samples, every tensor crop-major (crop 1 of every
+sample, then crop 2, ...)::
 
     {"target_views": [Tensor(B, C, H, W)],
      "anchor_views": [Tensor(R * B, C, H, W)],
      "focal_views": [Tensor(F * B, C, h, w)],       # absent without focal crops
      "mask": [Tensor(R * B, H / p, W / p) bool],    # the anchor views' masks
-     "focal_mask": [Tensor(F * B, h / p, w / p) bool],  # with focal crops and their masks
+     "focal_mask": [Tensor(F * B, h / p, w / p) bool],  # only when the focal crops are masked
      "label": [Tensor(K * B)], "data_valid": [Tensor(K * B)], "data_idx": [Tensor(K * B)]}
 
-The model gets the focal views' masks as its trunk's ``mask`` argument through
-``MULTI_INPUT_HEAD_MAPPING``'s ``additional_keys: {mask: focal_mask}``.
+In that ablation the model gets the focal views' masks as its trunk's ``mask`` argument
+through ``MULTI_INPUT_HEAD_MAPPING``'s ``additional_keys: {mask: focal_mask}`` (and
+``INPUT_KEY_NAMES`` lists ``focal_mask``; ``msn_loss`` checks the three agree).
 
 The data set seeds each sample's transforms from (SEED_VALUE, epoch, index), so the crops
 and the masks are the same after a resume and with any number of workers.
@@ -105,7 +109,8 @@ def msn_collator(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ConfigError(
             f"{_NAME}: the samples have no 'mask'; end config.DATA.TRAIN.TRANSFORMS with "
             "{name: RandomPatchMasking, mask_ratio: ..., patch_size: <the trunk's "
-            "PATCH_SIZE>, indices: [1, ..., K - 1]} (MSN masks its anchor and focal views).",
+            "PATCH_SIZE>, indices: [1]} (MSN masks its anchor views, crops 1..R; the focal "
+            "views stay whole).",
             _KEY,
         )
     sizes = [tuple(as_tensor(crop).shape) for crop in batch[0]["data"]]
@@ -116,9 +121,9 @@ def msn_collator(batch: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ConfigError(
             f"{_NAME}: each sample has {len(grids)} masks (grids {grids}) for {num_crops} "
             f"crops of sizes {[s[-2:] for s in sizes]} ({len(anchors)} anchors, {len(focal)} "
-            "focal): the masking transform must come after ImgPilToMultiCrop and mask every "
-            "crop but the target (indices [1, ..., K - 1], MSN's), every crop, the crops of "
-            "the largest size, or the anchor crops only, with one patch_size.",
+            "focal): the masking transform must come after ImgPilToMultiCrop and mask the "
+            "anchor crops (indices [1, ..., R], MSN's), the crops of the largest size, or "
+            "(an ablation) every crop but the target or every crop, with one patch_size.",
             _KEY,
         )
     mask_of = {k: i for i, k in enumerate(masked)}

@@ -17,6 +17,7 @@ Output: the logits, ``Tensor(N, num_clusters[0])`` (the model returns ``[logits]
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,8 +53,23 @@ def dino_output_dim(num_clusters: Any) -> int:
     return _positive_int(num_clusters, "num_clusters")
 
 
+def init_like_linear_(weight: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear``'s default init of ``weight`` (out, in), in place: kaiming-uniform with
+    ``a = sqrt(5)``, i.e. uniform in ``+-1/sqrt(in)``, rows of norm about ``sqrt(1/3)``.
+
+    DINO's and iBOT's ``DINOHead`` create their weight-normalised last layer after
+    ``self.apply(self._init_weights)`` (trunc-normal 0.02 for the MLP), so it keeps this
+    init; so do VISSL's weight-normalised SwAV prototypes. It matters: the step of a
+    weight-normalised direction scales as ``lr / ||V||``.
+    """
+    return nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+
+
 class WeightNormLinear(nn.Module):
     """Bias-free ``y = x @ (g * V / ||V||_row).T``; ``g`` is 1 and fixed unless ``learn_scale``.
+
+    ``V`` starts as ``nn.Linear``'s default init (:func:`init_like_linear_`), as DINO's
+    ``weight_norm(nn.Linear(...))`` last layer.
 
     Args:
         in_dim: input width.
@@ -64,7 +80,7 @@ class WeightNormLinear(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, learn_scale: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_dim, in_dim))
-        nn.init.trunc_normal_(self.weight, std=0.02)
+        init_like_linear_(self.weight)
         self.scale: nn.Parameter | None = (
             nn.Parameter(torch.ones(out_dim, 1)) if learn_scale else None
         )

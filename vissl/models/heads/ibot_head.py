@@ -27,9 +27,8 @@ BatchNorm ``norm`` sees both, as iBOT's does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -146,11 +145,7 @@ class IBOTHead(nn.Module):
             self._modules["prototypes1"] = WeightNormLinear(
                 bottleneck_dim, patch_out_dim, learn_scale=learn_scale
             )
-        # iBOT's and DINO's last layers keep nn.Linear's default init (uniform in
-        # +-1/sqrt(bottleneck_dim), rows of norm ~0.58): the step of a weight-normalised
-        # layer's direction scales as lr / ||V||, so a smaller init trains it faster
-        for layer in {id(m): m for m in (self.prototypes0, self.prototypes1)}.values():
-            nn.init.kaiming_uniform_(cast(torch.Tensor, layer.weight), a=math.sqrt(5))
+        # (WeightNormLinear starts as nn.Linear's default init, as iBOT's last layers)
         self.last_norm = _norm(last_norm, out_dim, False, eps, momentum)
         if not shared_head:
             self._modules["last_norm2"] = _norm(last_norm, patch_out_dim, False, eps, momentum)

@@ -4,8 +4,14 @@ Configured by MODEL.TRUNK.VISION_TRANSFORMERS (docs/models/vision_transformer.md
 ``name`` preset (tiny | small | base) or HIDDEN_DIM, NUM_LAYERS, NUM_HEADS and MLP_DIM;
 IMAGE_SIZE and PATCH_SIZE; DROPOUT_RATE, ATTENTION_DROPOUT_RATE, DROP_PATH_RATE; QKV_BIAS,
 QK_SCALE; CLASSIFIER (token | gap); CHECKPOINT_MLP / CHECKPOINT_BLOCK; FREEZE_PATCH_EMBED;
-USE_CLASS_TOKEN, NUM_REGISTER_TOKENS, INIT_VALUES (layer scale) and MASKED_IMAGE_MODELING
-(what a patch mask given to ``forward`` does).
+USE_CLASS_TOKEN, NUM_REGISTER_TOKENS, INIT_VALUES (layer scale), POS_EMBED (learned |
+sincos), INIT (default | mae | ijepa | moco_v3) and MASKED_IMAGE_MODELING (what a patch
+mask given to ``forward`` does).
+
+POS_EMBED sincos (MAE, I-JEPA, MoCo v3): ``pos_embed`` holds the fixed 2-D sin-cos
+embedding and is never trained (``requires_grad`` False, like FREEZE_PATCH_EMBED's
+projection: in no optimizer group, saved and loaded under the same key). INIT picks the
+authors' initialisation of the weights (``INITS``); ``default`` is DINO's.
 
 FREEZE_PATCH_EMBED (MoCo v3's "random patch projection", Chen, Xie, He 2021, section 4.2):
 the patch projection ``patch_embed.proj`` keeps its random init and is never trained
@@ -17,8 +23,9 @@ resume) and copied into momentum encoders like any other parameter.
 
 Pre-norm blocks (LayerNorm eps 1e-6), attention through
 ``torch.nn.functional.scaled_dot_product_attention``, GELU MLP, a class token and a learned
-position embedding (truncated-normal init, std 0.02). Inputs of another size than
-IMAGE_SIZE (multi-crop) get bicubically interpolated position embeddings. Parameter names
+position embedding (truncated-normal init, std 0.02) by default. Inputs of another size
+than IMAGE_SIZE (multi-crop) get bicubically interpolated position embeddings (sincos: the
+sin-cos at the positions that interpolation samples, computed exactly). Parameter names
 are DINO's and VISSL's (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
 ``blocks.{i}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}``, ``norm``), so their ViT
 checkpoints load unchanged. The options add parameters only when they are on:
@@ -43,8 +50,9 @@ MASKED_IMAGE_MODELING.NAME:
   position embedding: one random set per forward (per group of same-size crops), the same
   for every image, ``floor(L (1 - drop_ratio))`` of the ``L`` patches kept (in patch order),
   the class token always. Inputs of fewer than ``PARAMS.global_view_tokens`` patches (VISSL:
-  196, so MSN's 96 px focal crops) are left whole; 0 drops patches of every input (MSN's
-  paper and code drop them from the focal views too). The draw comes from torch's global
+  196, so MSN's 96 px focal crops) are left whole, as in MSN's code (``src/deit.py`` drops
+  patches of its first, 224 px, group of crops only); 0 drops patches of every input, the
+  focal views' too (an ablation). The draw comes from torch's global
   generator (as drop path's), whose state the checkpoints hold, so a resume draws the same
   sets. In eval mode (evaluation, EMA target encoders) nothing is dropped.
 
@@ -76,6 +84,7 @@ N x h x w x D) so that the 2D pool ops of LINEAR_EVAL_FEAT_POOL_OPS_MAP apply to
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,7 +98,13 @@ from torchvision.ops import StochasticDepth
 
 from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
-from vissl.models.token_masking import flatten_mask, gather_tokens, keep_indices, visible_count
+from vissl.models.token_masking import (
+    flatten_mask,
+    gather_tokens,
+    keep_indices,
+    sincos_2d_embedding,
+    visible_count,
+)
 from vissl.models.trunks import register_model_trunk
 
 logger = logging.getLogger(__name__)
@@ -125,10 +140,30 @@ DEFAULTS: dict[str, Any] = {
     "USE_CLASS_TOKEN": True,
     "NUM_REGISTER_TOKENS": 0,
     "INIT_VALUES": False,
+    "POS_EMBED": "learned",
+    "INIT": "default",
     "MASKED_IMAGE_MODELING": {"NAME": "", "PARAMS": {}},
 }
 
 CLASSIFIERS = ("token", "gap")
+#: POS_EMBED -> the position embedding ``pos_embed``
+POS_EMBEDS = {
+    "learned": "learned, truncated-normal init (std 0.02): DINO's, iBOT's, DINOv2's, MSN's",
+    "sincos": "the fixed 2-D sin-cos embedding (requires_grad False; the class token's entry "
+    "is 0): MAE's, I-JEPA's, MoCo v3's",
+}
+#: INIT -> the initialisation of the trunk's weights
+INITS = {
+    "default": "DINO's (timm's DeiT): truncated normal std 0.02 on the Linear weights and the "
+    "class token, zero biases, PyTorch's default on the patch projection",
+    "mae": "MAE's initialize_weights: xavier-uniform on every Linear and on the flattened "
+    "patch projection, zero Linear biases, class token normal std 0.02",
+    "ijepa": "I-JEPA's: truncated normal std 0.02 on the Linear weights and the patch "
+    "projection, zero biases, then each block i's attn.proj and mlp.fc2 weights divided by "
+    "sqrt(2 (i + 1))",
+    "moco_v3": "MoCo v3's: xavier-uniform on the Linears (q, k and v each as its own matrix) "
+    "and on the flattened patch projection, zero biases, class token normal std 1e-6",
+}
 #: MASKED_IMAGE_MODELING.NAME -> what a patch mask given to ``forward`` does
 MASKING_MODES = {
     "": "no masking (a mask given to forward is an error)",
@@ -172,6 +207,10 @@ class ViTSettings:
     drop_ratio: float = 0.0
     #: msn: inputs of fewer patches are not dropped (VISSL's focal views)
     global_view_tokens: int = 196
+    #: POS_EMBED: "learned" or "sincos"
+    pos_embed: str = "learned"
+    #: INIT: a key of INITS
+    init: str = "default"
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str) -> int:
@@ -284,6 +323,15 @@ def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
             f"with registers uses 4); got {registers!r}.",
             f"{_KEY}.NUM_REGISTER_TOKENS",
         )
+    pos_embed = _choice(cfg, "POS_EMBED", POS_EMBEDS)
+    if pos_embed == "sincos" and sizes["HIDDEN_DIM"] % 4:
+        raise ConfigError(
+            f"{_KEY}.POS_EMBED is 'sincos' but {_KEY}.HIDDEN_DIM={sizes['HIDDEN_DIM']} is not "
+            "divisible by 4: the 2-D sin-cos embedding gives a quarter of the channels to each "
+            "of sin(row), cos(row), sin(column), cos(column). Use a HIDDEN_DIM divisible by 4 "
+            "or POS_EMBED: learned.",
+            f"{_KEY}.POS_EMBED",
+        )
     return ViTSettings(
         image_size=sizes["IMAGE_SIZE"],
         patch_size=sizes["PATCH_SIZE"],
@@ -303,8 +351,22 @@ def parse_vit_config(trunk_config: Mapping[str, Any] | None) -> ViTSettings:
         use_class_token=use_class_token,
         num_register_tokens=registers,
         init_values=_init_values(cfg),
+        pos_embed=pos_embed,
+        init=_choice(cfg, "INIT", INITS),
         **_masking(cfg),
     )
+
+
+def _choice(cfg: Mapping[str, Any], key: str, choices: Mapping[str, str]) -> str:
+    value = cfg.get(key, DEFAULTS[key])
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(
+            f"{_KEY}.{key}={value!r} is not supported; use one of "
+            + "; ".join(f"{name!r}: {what}" for name, what in choices.items())
+            + ".",
+            f"{_KEY}.{key}",
+        )
+    return value
 
 
 def _init_values(cfg: Mapping[str, Any]) -> float | None:
@@ -373,6 +435,20 @@ def _msn_params(params: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- modules
+def _init_linear(m: nn.Linear, init: str, qkv: bool) -> None:
+    """One Linear layer of the trunk, by INIT (see ``INITS``); zero bias."""
+    if init in ("default", "ijepa"):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+    elif init == "moco_v3" and qkv:
+        # q, k and v each as a (D, D) matrix: fan_out D, not 3 D
+        bound = math.sqrt(6.0 / (m.weight.shape[0] // 3 + m.weight.shape[1]))
+        nn.init.uniform_(m.weight, -bound, bound)
+    else:  # mae (the fused qkv as one matrix, as timm's Block), moco_v3
+        nn.init.xavier_uniform_(m.weight)
+    if m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
 def _checkpointing(module: nn.Module) -> bool:
     """Recompute activations only where they would be kept for a backward pass."""
     return module.training and torch.is_grad_enabled()
@@ -609,9 +685,13 @@ class VisionTransformer(nn.Module):
         self.cls_token: nn.Parameter | None = (
             nn.Parameter(torch.zeros(1, 1, s.hidden_dim)) if s.use_class_token else None
         )
+        # POS_EMBED sincos: a frozen parameter (MAE's and I-JEPA's), so that checkpoints,
+        # exports and WEIGHTS_INIT hold it under the same key as the learned one
         self.pos_embed = nn.Parameter(
-            torch.zeros(1, int(s.use_class_token) + self.grid_size**2, s.hidden_dim)
+            torch.zeros(1, int(s.use_class_token) + self.grid_size**2, s.hidden_dim),
+            requires_grad=s.pos_embed == "learned",
         )
+        self._sincos_cache: dict[tuple[int, int, torch.device, torch.dtype], torch.Tensor] = {}
         self.pos_drop = nn.Dropout(s.dropout_rate)
         # stochastic depth grows linearly from 0 (first block) to DROP_PATH_RATE (last)
         rates = torch.linspace(0, s.drop_path_rate, s.num_layers, device="cpu").tolist()
@@ -647,19 +727,67 @@ class VisionTransformer(nn.Module):
             logger.info("FREEZE_PATCH_EMBED: the patch projection keeps its random init")
 
     def _init_weights(self) -> None:
-        """Truncated normal (std 0.02) for the embeddings and Linear weights, zero biases,
-        unit LayerNorms; the patch projection keeps PyTorch's default (as in DINO)."""
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        """The position embedding (POS_EMBED) and INIT's initialisation (see ``INITS``).
+
+        ``default``: truncated normal (std 0.02) for the embeddings and Linear weights, zero
+        biases, unit LayerNorms; the patch projection keeps PyTorch's default (as in DINO).
+        A learned position embedding is truncated normal (std 0.02) with every INIT.
+        """
+        init = self.settings.init
+        if self.settings.pos_embed == "sincos":
+            with torch.no_grad():
+                self.pos_embed.copy_(self._sincos_table(self.grid_size, self.grid_size))
+        else:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
-        for m in self.modules():
+            if init == "mae":
+                nn.init.normal_(self.cls_token, std=0.02)
+            elif init == "moco_v3":
+                nn.init.normal_(self.cls_token, std=1e-6)
+            else:
+                nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for name, m in self.named_modules():
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+                _init_linear(m, init, qkv=name.endswith("attn.qkv"))
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+        proj = self.patch_embed.proj
+        if init in ("mae", "moco_v3"):
+            # as a Linear on the flattened patch: fan_in C p p, fan_out D
+            nn.init.xavier_uniform_(proj.weight.view(proj.weight.shape[0], -1))
+            if init == "moco_v3" and proj.bias is not None:
+                nn.init.zeros_(proj.bias)  # MAE keeps the Conv2d's default bias
+        elif init == "ijepa":
+            nn.init.trunc_normal_(proj.weight, std=0.02)
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+            with torch.no_grad():  # I-JEPA's fix_init_weight
+                for i, block in enumerate(self.blocks):
+                    assert isinstance(block, Block)
+                    block.attn.proj.weight.div_(math.sqrt(2.0 * (i + 1)))
+                    block.mlp.fc2.weight.div_(math.sqrt(2.0 * (i + 1)))
+
+    def _sincos_table(self, height: int, width: int) -> torch.Tensor:
+        """POS_EMBED sincos for a ``height`` x ``width`` grid, ``(1, [1 +] h * w, D)``.
+
+        The IMAGE_SIZE grid (``G`` patches a side) gets the sin-cos of the patch indices
+        0..G-1 (MAE's ``get_2d_sincos_pos_embed``: the column's channels first; the class
+        token's entry 0). Another grid gets the sin-cos at the positions a bicubic resize
+        of that table samples (``(j + 0.5) G / h - 0.5``), so that a crop's patches keep the
+        positions of the whole image, as the learned table's interpolation does, but exact.
+        """
+        grid = self.grid_size
+
+        def positions(n: int) -> torch.Tensor:
+            return (torch.arange(n, dtype=torch.float64) + 0.5) * (grid / n) - 0.5
+
+        table = sincos_2d_embedding(
+            positions(height), positions(width), self.embed_dim, columns_first=True
+        )
+        if self.use_class_token:
+            table = torch.cat((torch.zeros(1, self.embed_dim), table), dim=0)
+        return table.unsqueeze(0)
 
     def no_weight_decay(self) -> set[str]:
         """Names (relative to the trunk) of the embedding parameters to exclude from
@@ -682,6 +810,14 @@ class VisionTransformer(nn.Module):
             return self.pos_embed
         dim = self.pos_embed.shape[-1]
         prefix = int(self.use_class_token)
+        if self.settings.pos_embed == "sincos":
+            key = (height, width, self.pos_embed.device, self.pos_embed.dtype)
+            table = self._sincos_cache.get(key)
+            if table is None:
+                table = self._sincos_table(height, width).to(self.pos_embed)
+                self._sincos_cache[key] = table
+            # the class token's entry is the parameter's (0, or a checkpoint's)
+            return torch.cat((self.pos_embed[:, :prefix], table[:, prefix:]), dim=1)
         cls_pos, patch_pos = self.pos_embed[:, :prefix], self.pos_embed[:, prefix:]
         grid = patch_pos.reshape(1, self.grid_size, self.grid_size, dim).permute(0, 3, 1, 2)
         grid = F.interpolate(

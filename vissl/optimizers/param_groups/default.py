@@ -4,7 +4,9 @@ Every trainable parameter falls into one of four groups:
 
 * ``trunk_regularized`` / ``trunk_unregularized``: parameters outside ``model.heads``;
 * ``head_regularized`` / ``head_unregularized``: parameters of ``model.heads`` (names
-  starting with ``heads.``, after any ``module.`` prefix of a DDP wrapper).
+  starting with ``heads.``, after any ``module.`` prefix of a DDP wrapper); with
+  ``head_optimizer_params.head_indices`` only those heads (the others join the trunk's
+  groups), as SimSiam's ``--fix-pred-lr`` gives its predictor alone a fixed rate.
 
 A parameter is unregularized (``weight_decay`` 0) when it belongs to a normalisation layer
 and ``regularize_bn`` is false (a norm layer's bias also needs ``regularize_bias``), when
@@ -40,11 +42,46 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
 GROUP_NAMES = ("trunk_regularized", "trunk_unregularized", "head_regularized", "head_unregularized")
 
 
-def is_head_parameter(name: str) -> bool:
-    """Whether the parameter ``name`` belongs to ``model.heads``."""
+def is_head_parameter(name: str, head_indices: frozenset[int] | None = None) -> bool:
+    """Whether the parameter ``name`` belongs to ``model.heads`` (to one of the heads
+    ``head_indices`` when given)."""
     while name.startswith("module."):
         name = name[len("module.") :]
-    return name.startswith("heads.")
+    if not name.startswith("heads."):
+        return False
+    if head_indices is None:
+        return True
+    index = name.split(".", 2)[1]
+    return index.isdigit() and int(index) in head_indices
+
+
+def head_indices(optimizer_config: Mapping[str, Any], num_heads: int) -> frozenset[int] | None:
+    """``head_optimizer_params.head_indices``: the heads (indices into
+    ``MODEL.HEAD.PARAMS``) that form the head groups; ``None`` (the default, VISSL's) for
+    every head.
+
+    Raises:
+        ConfigError: not a list of distinct head indices of this model.
+    """
+    head = get_section(optimizer_config, "head_optimizer_params", _PATH)
+    value = head.get("head_indices")
+    if value is None:
+        return None
+    key = f"{_PATH}.head_optimizer_params.head_indices"
+    if (
+        isinstance(value, str)
+        or not hasattr(value, "__iter__")
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        or len(set(value)) != len(list(value))
+        or not all(0 <= i < num_heads for i in value)
+    ):
+        raise ConfigError(
+            f"{key} must list distinct indices of MODEL.HEAD.PARAMS (this model has "
+            f"{num_heads} head(s): 0..{num_heads - 1}), or be null for every head; got "
+            f"{value!r}.",
+            key,
+        )
+    return frozenset(value)
 
 
 def is_bias(param_name: str) -> bool:
@@ -105,6 +142,8 @@ def get_optimizer_param_groups(
     regularize_bn = get_bool(optimizer_config, "regularize_bn", _PATH, default=False)
     regularize_bias = get_bool(optimizer_config, "regularize_bias", _PATH, default=True)
     non_regularized = non_regularized_substrings(optimizer_config)
+    heads = getattr(getattr(model, "module", model), "heads", None)
+    selected = head_indices(optimizer_config, len(heads) if heads is not None else 0)
     lr_head = lr if lr_head is None else lr_head
 
     buckets: dict[str, list[nn.Parameter]] = {name: [] for name in GROUP_NAMES}
@@ -127,7 +166,7 @@ def get_optimizer_param_groups(
                 regularized = True
             if any(s in full_name for s in non_regularized):
                 regularized = False
-            part = "head" if is_head_parameter(full_name) else "trunk"
+            part = "head" if is_head_parameter(full_name, selected) else "trunk"
             buckets[f"{part}_{'regularized' if regularized else 'unregularized'}"].append(param)
 
     trainable = [p for group in buckets.values() for p in group]

@@ -10,15 +10,26 @@ into each schedule (as ClassyVision does) and builds fvcore schedulers. Head par
 An optional ``OPTIMIZER.param_schedulers.weight_decay`` (same scheduler names and
 ``update_interval`` as ``lr``; ``auto_lr_scaling`` is refused) schedules the weight decay,
 as DINO does (cosine 0.04 -> 0.4). As in VISSL, it replaces ``OPTIMIZER.weight_decay`` for
-the regularized groups (``trunk_regularized``, the single group ``all`` of
-``construct_single_param_group_only``, and ``head_regularized`` unless
-``head_optimizer_params.use_different_wd`` gives the head its own fixed weight decay);
-unregularized groups (bn / bias / ``non_regularized_parameters``) stay at 0 and groups
-without one of these names are left alone. The schedule is a function of ``where``, so a
-resumed run gets the same values. Without the key nothing changes.
+the regularized groups (``trunk_regularized`` and the single group ``all`` of
+``construct_single_param_group_only``); ``head_regularized`` follows it too unless
+``head_optimizer_params.use_different_wd`` gives the head its own fixed weight decay
+(VISSL gives the head its constant ``head_optimizer_params.weight_decay`` there instead).
+Unregularized groups (bn / bias / ``non_regularized_parameters``) stay at 0 and groups
+without one of these names are left alone. Groups that say so themselves
+(``weight_decay_scheduled``: the ``dino``, ``lr_decay`` and ``linear_eval_heads``
+constructors) decide instead.
+
+``OPTIMIZER.param_schedulers.weight_decay_head`` (VISSL 0.1.6's, e.g. its ``quick_dino``;
+the same kind of schedule) sets the weight decay of the ``default`` constructor's
+``head_regularized`` group, whatever ``use_different_wd`` says (VISSL's
+``get_optimizer_param_groups``: the schedule replaces ``head_optimizer_params.weight_decay``);
+no other group follows it (the ``dino`` constructor's groups and the single group keep
+``weight_decay``, as in VISSL). The schedules are functions of ``where``, so a resumed run
+gets the same values. Without the keys nothing changes.
 
 ``param_schedulers`` is a free-form subtree for config validation: its keys are checked
-here, and only ``lr``, ``lr_head`` and ``weight_decay`` are accepted.
+here, and only ``lr``, ``lr_head``, ``weight_decay`` and ``weight_decay_head`` are
+accepted.
 """
 
 from __future__ import annotations
@@ -46,7 +57,11 @@ from vissl.utils.registry import closest_match
 
 _PATH = "config.OPTIMIZER"
 #: the schedules ``OPTIMIZER.param_schedulers`` may hold.
-SCHEDULE_NAMES = ("lr", "lr_head", "weight_decay")
+SCHEDULE_NAMES = ("lr", "lr_head", "weight_decay", "weight_decay_head")
+#: the weight-decay schedules among them.
+WEIGHT_DECAY_SCHEDULES = ("weight_decay", "weight_decay_head")
+#: the param group (by ``param_group_name``) that ``weight_decay_head`` sets.
+HEAD_WEIGHT_DECAY_GROUP = "head_regularized"
 #: param groups (by ``param_group_name``) whose weight decay the ``weight_decay`` schedule
 #: sets; ``head_regularized`` too unless the head has its own weight decay.
 WEIGHT_DECAY_GROUPS = ("trunk_regularized", "all")
@@ -63,11 +78,13 @@ def clamp_where(where: float) -> float:
 
 
 class ParamSchedulerSet:
-    """The ``lr``, ``lr_head`` and optional ``weight_decay`` schedules with their intervals.
+    """The ``lr``, ``lr_head`` and optional ``weight_decay`` / ``weight_decay_head``
+    schedules with their intervals.
 
     Args:
-        schedulers: ``{"lr": ..., "lr_head": ..., "weight_decay": ...}`` fvcore schedulers
-            (``lr_head`` defaults to ``lr``; ``weight_decay`` is optional).
+        schedulers: ``{"lr": ..., "lr_head": ..., "weight_decay": ...,
+            "weight_decay_head": ...}`` fvcore schedulers (``lr_head`` defaults to ``lr``;
+            the weight-decay schedules are optional).
         update_intervals: ``"step"`` or ``"epoch"`` per name.
         configs: the resolved (auto-scaled) scheduler configs, for logging.
         head_follows_weight_decay: whether ``head_regularized`` groups follow the
@@ -109,13 +126,18 @@ class ParamSchedulerSet:
 
     @property
     def names(self) -> list[str]:
-        """The schedule names: ``["lr", "lr_head"]``, plus ``"weight_decay"`` when set."""
+        """The schedule names: ``["lr", "lr_head"]``, plus the weight-decay ones set."""
         return list(self._schedulers)
 
     @property
     def has_weight_decay(self) -> bool:
         """Whether the weight decay is scheduled (``param_schedulers.weight_decay``)."""
         return "weight_decay" in self._schedulers
+
+    @property
+    def has_weight_decay_head(self) -> bool:
+        """Whether the head's weight decay is scheduled (``param_schedulers.weight_decay_head``)."""
+        return "weight_decay_head" in self._schedulers
 
     def scheduler(self, name: str) -> ParamScheduler:
         """The fvcore scheduler of ``name``."""
@@ -142,23 +164,37 @@ class ParamSchedulerSet:
         ``weight_decay_scheduled`` (set by the ``dino``, ``lr_decay`` and
         ``linear_eval_heads`` constructors) decides instead when present.
         """
-        if not self.has_weight_decay:
-            return False
+        return self.weight_decay_schedule_name(param_group) == "weight_decay"
+
+    def weight_decay_schedule_name(self, param_group: Mapping[str, Any]) -> str | None:
+        """The schedule that sets this group's weight decay: ``"weight_decay_head"``,
+        ``"weight_decay"`` or None (the group keeps its own).
+
+        A group's ``weight_decay_scheduled`` decides when present (``weight_decay``);
+        otherwise ``head_regularized`` follows ``weight_decay_head`` when it is set, else
+        ``weight_decay`` (unless ``use_different_wd``), and ``trunk_regularized`` / ``all``
+        follow ``weight_decay``.
+        """
         explicit = param_group.get("weight_decay_scheduled")
         if explicit is not None:
-            return bool(explicit)
+            return "weight_decay" if explicit and self.has_weight_decay else None
         name = param_group.get("param_group_name")
-        if name == "head_regularized":
-            return self.head_follows_weight_decay
-        return name in WEIGHT_DECAY_GROUPS
+        if name == HEAD_WEIGHT_DECAY_GROUP:
+            if self.has_weight_decay_head:
+                return "weight_decay_head"
+            follows = self.head_follows_weight_decay
+        else:
+            follows = name in WEIGHT_DECAY_GROUPS
+        return "weight_decay" if follows and self.has_weight_decay else None
 
     def apply(self, optimizer: Optimizer, where: float, interval: str | None) -> None:
         """Set the ``lr`` (and scheduled ``weight_decay``) of the groups due at ``interval``.
 
         ``param_group["lr"]`` follows the group's learning-rate schedule (times the
         group's ``lr_scale``, 1 when absent: layer-wise decay, per-head rates); the
-        ``weight_decay`` of regularized groups follows the ``weight_decay`` schedule, if
-        any. Each is updated only when its schedule's update interval is ``interval``.
+        ``weight_decay`` of regularized groups follows their weight-decay schedule, if
+        any (:meth:`weight_decay_schedule_name`). Each is updated only when its
+        schedule's update interval is ``interval``.
 
         Args:
             optimizer: the optimizer (or LARC wrapper) whose groups are updated.
@@ -173,7 +209,7 @@ class ParamSchedulerSet:
         w = clamp_where(where)
         # Runs every step: each schedule is evaluated at most once, and only if due.
         values: dict[str, float] = {}
-        schedule_wd = "weight_decay" in due
+        schedule_wd = "weight_decay" in due or "weight_decay_head" in due
         for group in optimizer.param_groups:
             name = self.group_schedule_name(group)
             if name in due:
@@ -181,10 +217,13 @@ class ParamSchedulerSet:
                 if lr is None:
                     lr = values[name] = float(self._schedulers[name](w))
                 group["lr"] = lr * group.get("lr_scale", 1.0)
-            if schedule_wd and self.follows_weight_decay(group):
-                wd = values.get("weight_decay")
+            if not schedule_wd:
+                continue
+            wd_name = self.weight_decay_schedule_name(group)
+            if wd_name is not None and wd_name in due:
+                wd = values.get(wd_name)
                 if wd is None:
-                    wd = values["weight_decay"] = float(self._schedulers["weight_decay"](w))
+                    wd = values[wd_name] = float(self._schedulers[wd_name](w))
                 group["weight_decay"] = wd
 
     def __repr__(self) -> str:
@@ -249,17 +288,21 @@ def _build_one(
 
 
 def _build_weight_decay(
-    sched_cfg: Any, *, num_epochs: Any
+    sched_cfg: Any, *, num_epochs: Any, name: str = "weight_decay"
 ) -> tuple[ParamScheduler, str, AttrDict] | None:
-    """The ``param_schedulers.weight_decay`` schedule, or None when it is not set."""
-    key_path = f"{_PATH}.param_schedulers.weight_decay"
+    """The ``param_schedulers.<name>`` weight-decay schedule (``weight_decay`` or
+    ``weight_decay_head``), or None when it is not set."""
+    key_path = f"{_PATH}.param_schedulers.{name}"
     if sched_cfg is None or (isinstance(sched_cfg, Mapping) and not sched_cfg):
         return None
     if not isinstance(sched_cfg, Mapping):
+        constant = (
+            "weight_decay" if name == "weight_decay" else "head_optimizer_params.weight_decay"
+        )
         raise ConfigError(
             f"{key_path} must be a scheduler config (e.g. name: cosine, start_value: 0.04, "
             f"end_value: 0.4), got {sched_cfg!r}; a constant weight decay is "
-            f"{_PATH}.weight_decay.",
+            f"{_PATH}.{constant}.",
             key_path,
         )
     if auto_scale_enabled(sched_cfg, key_path):
@@ -306,7 +349,8 @@ def build_param_schedulers(
 
     Raises:
         ConfigError: a missing or invalid schedule, or a key of ``param_schedulers`` other
-            than ``lr``, ``lr_head`` and ``weight_decay``, naming its key path.
+            than ``lr``, ``lr_head``, ``weight_decay`` and ``weight_decay_head``, naming its
+            key path.
         UnknownNameError: an unregistered scheduler name.
     """
     schedules = get_section(optimizer_config, "param_schedulers", _PATH)
@@ -353,13 +397,12 @@ def build_param_schedulers(
             lr_resolved,
         )
 
-    weight_decay = _build_weight_decay(
-        schedules.get("weight_decay"), num_epochs=optimizer_config.get("num_epochs")
-    )
-    if weight_decay is not None:
-        schedulers["weight_decay"], intervals["weight_decay"], configs["weight_decay"] = (
-            weight_decay
+    for wd_name in WEIGHT_DECAY_SCHEDULES:
+        built = _build_weight_decay(
+            schedules.get(wd_name), num_epochs=optimizer_config.get("num_epochs"), name=wd_name
         )
+        if built is not None:
+            schedulers[wd_name], intervals[wd_name], configs[wd_name] = built
     return ParamSchedulerSet(
         schedulers,
         intervals,
