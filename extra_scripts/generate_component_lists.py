@@ -126,10 +126,20 @@ def _registries() -> dict[str, object]:
 
 
 def _names(registry: object) -> list[str]:
-    return list(registry.names())  # type: ignore[attr-defined]
+    """The built-in names: those vissl's own modules registered (not a test's or a user's
+    plugin registered in this process)."""
+    return [
+        name
+        for name in registry.names()  # type: ignore[attr-defined]
+        if registry.origin(name).startswith("vissl.")  # type: ignore[attr-defined]
+    ]
 
 
 def _accepts(registry: object, name: str) -> bool:
+    """Whether vissl accepts ``name``: built in, or resolved by a fallback (torchvision's
+    transforms, torch.nn's losses)."""
+    if name in registry:  # type: ignore[operator]
+        return name in _names(registry)
     try:
         registry.get(name)  # type: ignore[attr-defined]
     except Exception:

@@ -51,7 +51,7 @@ def test_every_registered_name_is_on_the_components_page() -> None:
     for kind in gen.KINDS:
         registry = get_registry(kind.registry)
         assert registry is not None, kind.registry
-        names = registry.names()
+        names = gen._names(registry)  # built in (tests register plugins of their own)
         row = next(
             line for line in table.group(1).splitlines() if line.startswith(f"| {kind.label} ")
         )
@@ -71,6 +71,4 @@ def test_the_vissl_comparison_names_only_what_vissl_lacks() -> None:
         registry = get_registry(registry_name)
         assert registry is not None
         for name in vissl_names:
-            assert (f"`{name}`" in lacks) != (name in registry or gen._accepts(registry, name)), (
-                name
-            )
+            assert (f"`{name}`" in lacks) != gen._accepts(registry, name), name
