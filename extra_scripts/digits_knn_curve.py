@@ -40,7 +40,9 @@ from _common import HelpFormatter, ScriptError, run_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT = re.compile(r"^model_(?:final_checkpoint_)?phase(\d+)\.torch$")
-PHASE_DONE = re.compile(r"phase (\d+) \(train\) done in ([0-9.]+)s")
+#: ``phase 3/30 (train) done in 12.5s`` (1-based; logs before vissl 0.2 wrote the
+#: 0-based ``phase 2 (train) done in 12.5s``)
+PHASE_DONE = re.compile(r"phase (\d+)(/\d+)? \(train\) done in ([0-9.]+)s")
 PROBE_LINE = re.compile(r"^nearest_neighbor: top-1 [0-9.]+% \(error ([0-9.]+)%\)")
 
 
@@ -69,7 +71,7 @@ def checkpoints(run_dir: str) -> list[tuple[int, str]]:
 def phase_seconds(log_text: str) -> dict[int, float]:
     """Each training phase's time in seconds, from the lines of a run's ``log.txt`` (the
     last line of a phase wins: a resumed run logs a phase again)."""
-    return {int(p): float(s) for p, s in PHASE_DONE.findall(log_text)}
+    return {int(p) - (1 if total else 0): float(s) for p, total, s in PHASE_DONE.findall(log_text)}
 
 
 def minutes_until(seconds: dict[int, float], phase: int) -> float | None:

@@ -7,9 +7,11 @@ The trunk's weights are written with the key names of the library they fit:
   (``conv1.weight``, ``layer1.0.bn1.bias``, ...; no ``fc``), through the checks of
   ``convert_vissl_to_torchvision.py`` (which also folds BGR input into ``conv1``). A
   full-width trunk loads strictly into ``torchvision.models.resnet*`` (the script prints
-  how); a trunk of another width (quick_start's WIDTH_MULTIPLIER 0.5) keeps torchvision's
-  names but only a ResNet of its own width takes it, e.g. vissl's trunk through
-  ``MODEL.WEIGHTS_INIT``. A ``timm`` trunk whose model is a timm ResNet converts too
+  how, with the small-image stem's conv1 and max-pool replaced where the trunk has it); a
+  trunk of another width (quick_start's WIDTH_MULTIPLIER 0.5) keeps torchvision's names,
+  but neither torchvision nor timm builds a ResNet of that width: the script prints the
+  Python lines that build vissl's trunk of the checkpoint's ``config.MODEL.TRUNK`` and
+  load the file into it (or use ``MODEL.WEIGHTS_INIT``). A ``timm`` trunk whose model is a timm ResNet converts too
   (timm's ResNet names are torchvision's).
 - ``--format timm``: a ``timm`` trunk as its timm model's state dict (loads into
   ``timm.create_model(MODEL_NAME, num_classes=0, **KWARGS)``, checked when timm is
@@ -144,9 +146,12 @@ def resnet_names(
     state: dict[str, torch.Tensor],
     state_dict_key: str,
     what: str,
+    loader: str = "torch.load",
 ) -> tuple[dict[str, torch.Tensor], str | None]:
     """The trunk in torchvision's ResNet names (also timm's), checked where torchvision's
-    ResNet can build it; returns ``(state dict, code loading it in torchvision or None)``."""
+    ResNet can build it; returns ``(state dict, code loading it or None)``: torchvision's
+    ResNet, or vissl's trunk for a width torchvision does not build (read with
+    ``loader``: ``torch.load`` or ``safetensors``)."""
     if trunk == "resnet" and int(state["conv1.weight"].shape[0]) == 64:
         tv_state, arch, _ = vissl_to_torchvision(checkpoint, state_dict_key, what=what)
         return dict(tv_state), torchvision_code(arch, "OUT", None)
@@ -154,12 +159,12 @@ def resnet_names(
         width = int(state["conv1.weight"].shape[0])
         print(
             f"warning: {what}'s ResNet has a stem of {width} channels (RESNETS."
-            f"WIDTH_MULTIPLIER {width / 64:g}); torchvision's ResNet is built at width 64 "
-            "only, so the file has torchvision's names but loads into a ResNet of this "
-            "width, e.g. vissl's trunk through config.MODEL.WEIGHTS_INIT.PARAMS_FILE.",
+            f"WIDTH_MULTIPLIER {width / 64:g}); torchvision's and timm's ResNets are built at "
+            "width 64 only, so the file has torchvision's names but loads into a ResNet of "
+            "this width: vissl's trunk (the code below), or config.MODEL.WEIGHTS_INIT.",
             file=sys.stderr,
         )
-        return state, None
+        return state, vissl_trunk_code(checkpoint, "OUT", loader)
     # a timm trunk: its names are torchvision's when the timm model is a plain ResNet
     if "conv1.weight" not in state or "layer1.0.conv1.weight" not in state:
         name, _ = _timm_config(checkpoint)
@@ -178,6 +183,61 @@ def resnet_names(
             f"{one_line(err)}; export it with --format timm."
         ) from err
     return tv_state, torchvision_code(arch, "OUT", None)
+
+
+def _trunk_overrides(trunk: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The blocks of a saved ``config.MODEL.TRUNK`` that differ from the defaults, by key."""
+    from vissl.config.validation import default_tree
+
+    defaults = default_tree()["MODEL"]["TRUNK"]
+    out: dict[str, dict[str, Any]] = {}
+    for family, values in trunk.items():
+        default = defaults.get(family)
+        if not isinstance(values, Mapping) or not isinstance(default, Mapping):
+            continue
+        changed = {k: v for k, v in values.items() if default.get(k) != v}
+        if changed:
+            out[str(family)] = changed
+    return out
+
+
+def vissl_trunk_code(
+    checkpoint: Mapping[str, Any], path: str, loader: str = "torch.load"
+) -> str | None:
+    """Python lines that build vissl's trunk of the checkpoint's ``config.MODEL.TRUNK``
+    (without heads, Hydra or a config file) and load the exported ``path`` into it; None
+    when the checkpoint records no config."""
+    model_config = _model_config(checkpoint)
+    trunk_config = (model_config or {}).get("TRUNK") or {}
+    name = trunk_config.get("NAME")
+    if not name:
+        return None
+    load = (
+        f"state = load_file({path!r})  # torchvision's names"
+        if loader == "safetensors"
+        else f"state = torch.load({path!r}, weights_only=True)  # torchvision's names"
+    )
+    lines = [
+        "import torch",
+        *(["from safetensors.torch import load_file"] if loader == "safetensors" else []),
+        "from vissl.config import AttrDict",
+        "from vissl.config.validation import default_tree",
+        "from vissl.models.trunks import get_model_trunk",
+        "from vissl.utils.external_weights import RESNET_TRUNK_PREFIX",
+        "",
+        "# vissl's trunk with the checkpoint's config.MODEL.TRUNK (the other keys: defaults)",
+        "model_config = AttrDict(default_tree()['MODEL'])",
+        *(
+            f"model_config.TRUNK.{family}.update({values!r})"
+            for family, values in _trunk_overrides(trunk_config).items()
+        ),
+        f"trunk = get_model_trunk({name!r})(model_config, {name!r})",
+        load,
+        "trunk.load_state_dict({RESNET_TRUNK_PREFIX + k: v for k, v in state.items()})",
+        "trunk.eval()",
+        "# trunk(images) with images (N, 3, H, W): a list, one tensor per output feature",
+    ]
+    return "\n".join(lines)
 
 
 def export_trunk(
@@ -207,7 +267,8 @@ def export_trunk(
             out, code = resnet_names(checkpoint, trunk, state, state_dict_key, what)
             return out, {**metadata, "format": "torchvision"}, code
         return state, {**metadata, "format": "timm"}, _check_timm(name, kwargs, state, what)
-    out, code = resnet_names(checkpoint, trunk, state, state_dict_key, what)
+    loader = "safetensors" if fmt == "safetensors" else "torch.load"
+    out, code = resnet_names(checkpoint, trunk, state, state_dict_key, what, loader)
     # timm's ResNet names are torchvision's: the same file serves both
     return out, {**metadata, "format": "timm" if fmt == "timm" else "torchvision"}, code
 
@@ -262,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"wrote the {metadata['vissl_trunk']} trunk ({len(state)} tensors, "
         f"{metadata['format']} names) to {args.output}"
     )
-    if code is not None and args.format != "safetensors":
+    if code is not None and (args.format != "safetensors" or "load_file(" in code):
         print("load it with:")
         print(code.replace("'OUT'", repr(args.output)))
     print(f"or into vissl's trunk: config.MODEL.WEIGHTS_INIT.PARAMS_FILE={args.output}")

@@ -7,6 +7,38 @@ fix it. They subclass the builtin exception a caller would naturally catch, so
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
+
+class VisslWarning(UserWarning):
+    """Base class of vissl's warnings about a user's config or setup (the message names
+    the key). Shown as one line, ``<Category>: <message>``, without the file, line and
+    Python source that Python prints for other warnings: the config key is the place to
+    look, not vissl's source. Silence them with
+    ``warnings.filterwarnings("ignore", category=VisslWarning)``."""
+
+
+class UnsupportedConfigWarning(VisslWarning):
+    """A config key VISSL knows but vissl does not implement (or maps to another
+    behaviour, e.g. apex AMP to torch AMP)."""
+
+
+_format_warning = warnings.formatwarning
+
+
+def _one_line_for_vissl(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: Any = None
+) -> str:
+    if isinstance(category, type) and issubclass(category, VisslWarning):
+        return f"{category.__name__}: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+if not getattr(warnings.formatwarning, "_vissl", False):
+    _one_line_for_vissl._vissl = True  # type: ignore[attr-defined]
+    warnings.formatwarning = _one_line_for_vissl
+
 
 class VisslError(Exception):
     """Base class of every error vissl raises for a user mistake."""
@@ -78,3 +110,27 @@ class TrainingInterrupted(VisslError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class RunFolderError(ConfigError):
+    """``CHECKPOINT.DIR`` cannot take this run without losing or mixing another's files.
+
+    Raised before anything in the folder changes: the folder holds a finished run of
+    another config, or another live run holds its lock. The message names the folder's
+    run and how to start a new one; ``key_path`` is ``config.CHECKPOINT.DIR``.
+    """
+
+    def __init__(self, message: str, key_path: str | None = "config.CHECKPOINT.DIR") -> None:
+        super().__init__(message, key_path)
+
+
+class RunFolderLockedError(RunFolderError):
+    """Another live run holds the lock of ``CHECKPOINT.DIR`` (the message names it)."""
+
+
+class ResumeMismatchError(RunFolderError):
+    """``CHECKPOINT.AUTO_RESUME`` found a checkpoint of another model in ``CHECKPOINT.DIR``.
+
+    Raised before the folder changes (``train_config.yaml``, ``log.txt`` are untouched);
+    the message names the checkpoint's run and how to start a new one.
+    """

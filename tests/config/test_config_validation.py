@@ -210,3 +210,36 @@ def test_plugin_declared_defaults_are_inserted():
 def test_unknown_task_name_is_an_error():
     with pytest.raises(ConfigError, match="TASK_NAME"):
         compose("config.TRAINER.TASK_NAME=self_supervision_fdsp_task")
+
+
+@pytest.mark.parametrize("source", ["digits", "synthetic"])
+def test_data_paths_for_a_source_that_reads_none_is_an_error_not_ignored(tmp_path, source):
+    """#41 item 2: DATA_PATHS without DATA_SOURCES=[disk_folder] silently trained on the
+    built-in digits."""
+    with pytest.raises(ConfigError) as info:
+        compose(
+            f"config.DATA.TRAIN.DATA_SOURCES=[{source}]",
+            f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path}]",
+        )
+    message = str(info.value)
+    assert info.value.key_path == "config.DATA.TRAIN.DATA_PATHS[0]"
+    assert f"is {source!r}, which reads no path" in message
+    assert "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]" in message
+
+
+def test_data_paths_for_a_source_that_reads_none_is_an_error_from_python_too(tmp_path):
+    from vissl.data.ssl_dataset import GenericSSLDataset
+
+    _, cfg = compose()
+    cfg.DATA.TRAIN.DATA_PATHS = [str(tmp_path)]  # set after validation, from Python
+    with pytest.raises(ConfigError, match="which reads no path") as info:
+        GenericSSLDataset(cfg, "TRAIN")
+    assert info.value.key_path == "config.DATA.TRAIN.DATA_PATHS[0]"
+
+
+def test_data_paths_with_disk_folder_still_validate(tmp_path):
+    (tmp_path / "a").mkdir()
+    _, cfg = compose(
+        "config.DATA.TRAIN.DATA_SOURCES=[disk_folder]", f"config.DATA.TRAIN.DATA_PATHS=[{tmp_path}]"
+    )
+    assert cfg.DATA.TRAIN.DATA_PATHS == [str(tmp_path)]

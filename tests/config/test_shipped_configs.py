@@ -102,3 +102,19 @@ def test_real_scale_config_trains_one_step_on_cpu(tmp_path, name):
         )
     assert task.iteration == 1
     assert task.precision.name == "bf16"
+
+
+def test_no_shipped_config_overwrites_a_finished_run() -> None:
+    """#41 item 1: quick_start and 29 other configs set OVERWRITE_EXISTING: True, so a
+    second config into their folder replaced a finished model. Overwriting is the user's
+    explicit choice (config.CHECKPOINT.OVERWRITE_EXISTING=true on the command line)."""
+    import yaml
+
+    setting = []
+    for name in ALL:
+        with open(os.path.join(CONFIG_ROOT, name + ".yaml"), encoding="utf-8") as f:
+            tree = yaml.safe_load(f) or {}
+        checkpoint = ((tree.get("config") or {}).get("CHECKPOINT")) or {}
+        if checkpoint.get("OVERWRITE_EXISTING"):
+            setting.append(name)
+    assert setting == [], f"shipped configs that set CHECKPOINT.OVERWRITE_EXISTING: {setting}"

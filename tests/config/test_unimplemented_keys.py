@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,6 @@ def _unsupported_warnings(*overrides: str) -> list[str]:
     [
         ("config.DATA.TRAIN.COPY_DESTINATION_DIR=/tmp/x", "config.DATA.TRAIN.COPY_DESTINATION_DIR"),
         ("config.CHECKPOINT.BACKEND=manifold", "config.CHECKPOINT.BACKEND"),
-        (
-            "config.MODEL.AMP_PARAMS.AMP_ARGS.opt_level=O2",
-            "config.MODEL.AMP_PARAMS.AMP_ARGS.opt_level",
-        ),
     ],
 )
 def test_unimplemented_key_warns_naming_it(override: str, key: str) -> None:
@@ -133,3 +130,61 @@ def test_async_gpu_copy_without_pinned_memory_warns() -> None:
     assert not any(
         "ENABLE_ASYNC_GPU_COPY" in m for m in _unsupported_warnings("config.DATA.PIN_MEMORY=false")
     )
+
+
+def test_apex_opt_level_warns_only_when_amp_is_on() -> None:
+    """#41 item 10: VISSL's configs set AMP_ARGS.opt_level with USE_AMP off; the key is
+    then not used at all, so it does not warn."""
+    key = "config.MODEL.AMP_PARAMS.AMP_ARGS.opt_level"
+    on = _unsupported_warnings(f"{key}=O2", "config.MODEL.AMP_PARAMS.USE_AMP=true")
+    assert any(key in m for m in on), on
+    assert _unsupported_warnings(f"{key}=O2", "config.MODEL.AMP_PARAMS.USE_AMP=false") == []
+
+
+def test_config_warnings_print_one_line_without_python_source() -> None:
+    """#41 item 10: vissl's warnings print as ``Category: message``; Python's format
+    added vissl's file, line and a source line (``  upgrade_legacy_keys(cfg)``)."""
+    text = warnings.formatwarning(
+        "config.X is ignored", UnsupportedConfigWarning, str(ROOT / "config/validation.py"), 9
+    )
+    assert text == "UnsupportedConfigWarning: config.X is ignored\n"
+    other = warnings.formatwarning("other", UserWarning, __file__, 1)
+    assert other.startswith(f"{__file__}:1: UserWarning: other")  # others: Python's format
+
+
+def test_the_command_line_prints_config_warnings_as_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "run_distributed_engines", REPO / "tools" / "run_distributed_engines.py"
+    )
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "tools/run_distributed_engines.py",
+            "config=quick_start",
+            "+config.DATA.TRANSFORMS=[]",  # VISSL ignores it: a warning
+            "config.OPTIMIZER.num_epochs=0",  # then an error: nothing trains
+            f"config.CHECKPOINT.DIR={tmp_path}",
+        ],
+    )
+
+    def show(message: Any, category: Any, filename: str, lineno: int, *args: Any) -> None:
+        # what Python's own showwarning writes (pytest records warnings instead)
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, None))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        assert tool.main() == 2
+    stderr = capsys.readouterr().err
+    lines = [ln for ln in stderr.splitlines() if "config.DATA.TRANSFORMS" in ln]
+    assert len(lines) == 1, stderr
+    line = lines[0]
+    assert line.startswith("UnsupportedConfigWarning: config.DATA.TRANSFORMS is ignored")
+    assert "validation.py" not in stderr and "upgrade_legacy_keys" not in stderr

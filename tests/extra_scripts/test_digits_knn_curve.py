@@ -131,3 +131,13 @@ def test_the_probe_reads_the_tools_last_line_and_reports_a_failure(
         "config.CHECKPOINT.DIR=/o/phase0",
         "k=v",
     ]
+
+
+def test_phase_times_are_read_from_the_1_based_log_lines_too():
+    """vissl's log counts phases from 1 (``phase 1/3 (train) done``); older logs from 0."""
+    from tests.extra_scripts._helpers import import_script
+
+    script = import_script("digits_knn_curve")
+    new = "phase 1/3 (train) done in 15.0s: x\nphase 2/3 (train) done in 45.0s: x\n"
+    old = "phase 0 (train) done in 15.0s: x\nphase 1 (train) done in 45.0s: x\n"
+    assert script.phase_seconds(new) == script.phase_seconds(old) == {0: 15.0, 1: 45.0}

@@ -197,13 +197,14 @@ def test_log_lines_at_log_iterations_and_phase_ends(run: SimpleNamespace) -> Non
     assert [m.split("iter: ")[1].split(";")[0] for m in iters] == [
         f"{i}/{2 * TRAIN}" for i in LOG_ITERATIONS
     ]
-    assert iters[0].startswith("[ep: 0]") and iters[-1].startswith("[ep: 1]")
+    # phases and epochs are 1-based on the console (stdout.json keeps VISSL's 0-based ep)
+    assert iters[0].startswith("[ep: 1/2]") and iters[-1].startswith("[ep: 2/2]")
     done = run.logs.matching(" done in ")
     assert [m.split(" done")[0] for m in done] == [
-        "phase 0 (train)",
-        "phase 1 (test)",
-        "phase 2 (train)",
-        "phase 3 (test)",
+        "phase 1/4 (train)",
+        "phase 2/4 (test)",
+        "phase 3/4 (train)",
+        "phase 4/4 (test)",
     ]
     # ROLLING_BTIME_FREQ 4: iterations 4 and 8 of the train phases, never in test phases
     assert len(run.logs.matching("rolling average batch time")) == 2
@@ -240,6 +241,46 @@ def test_perf_stats_every_n_iterations_and_per_phase(run: SimpleNamespace) -> No
     assert int(last["forward"]["count"]) == TEST
     assert "backward" not in last and "optimizer_step" not in last
     assert run.task.perf_stats is None  # timers off again after the phase
+
+
+def test_the_perf_table_prints_once_per_run_by_default(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#41 item 10: the phase-end perf table went to the console after every epoch. By
+    default it goes to log.txt (and TensorBoard) only; the console gets the breakdown once,
+    in the end-of-training summary. PRINT_EVERY_PHASE prints it every phase again."""
+    from types import SimpleNamespace as Task
+
+    from vissl.utils.logger import setup_logging, shutdown_logging
+    from vissl.utils.perf_stats import PerfStats
+
+    cfg = tiny_config(
+        tmp_path, "config.HOOKS.PERF_STATS.MONITOR_PERF_STATS=True", "config.TEST_MODEL=False"
+    )
+    table = "perf stats (mean per call)"
+    setup_logging(str(tmp_path), 0)
+    try:
+        train(cfg, default_hook_generator(cfg))
+        out, log = capsys.readouterr().out, (tmp_path / "log.txt").read_text()
+        assert out.count(table) == 0 and log.count(table) == 2  # 2 train phases
+        assert out.count("perf forward: host") == 1  # the run's breakdown, in the summary
+        # asked for: every phase's table on the console as well
+        every = tiny_config(
+            tmp_path,
+            "config.HOOKS.PERF_STATS.MONITOR_PERF_STATS=True",
+            "config.HOOKS.PERF_STATS.PRINT_EVERY_PHASE=True",
+        )
+        (hook,) = [
+            h for h in default_hook_generator(every) if isinstance(h, LogPerfTimeMetricsHook)
+        ]
+        assert hook.print_every_phase
+        task = Task(device=torch.device("cpu"), iteration=4, perf_stats=PerfStats())
+        with task.perf_stats.timer("forward"):
+            pass
+        hook.on_phase_end(task)  # type: ignore[arg-type]
+        assert capsys.readouterr().out.count(table) == 1
+    finally:
+        shutdown_logging()
 
 
 def test_perf_stats_timers_cover_the_train_step_sections(tmp_path: Any) -> None:

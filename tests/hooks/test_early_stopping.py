@@ -170,9 +170,9 @@ def test_stops_after_the_test_phase_that_exhausts_patience(tmp_path: Any) -> Non
     records = [json.loads(line) for line in open(tmp_path / "metrics.json")]
     assert [r["phase_idx"] for r in records] == [0, 1, 2, 3]
     assert hook.best == records[1]["test_accuracy_list_meter"]["top_1"]["0"]
-    (why,) = [m for m in logs if "stopping training after phase 3" in m]
+    (why,) = [m for m in logs if "stopping training after phase 4/" in m]  # 1-based
     assert f"early stopping: {ACC} = " in why
-    assert f"has not improved on the best {hook.best:.6g} (phase 1)" in why
+    assert f"has not improved on the best {hook.best:.6g} (phase 2/" in why
     assert "MIN_DELTA=1000" in why and "PATIENCE=1" in why
     # the train phase before the stop was checkpointed (CHECKPOINT_FREQUENCY 1); the run
     # was cut short, so there is no final checkpoint
@@ -281,7 +281,7 @@ def test_two_processes_stop_at_the_same_phase_through_the_launcher(tmp_path: Any
     names = [n for _, _, n in list_checkpoints(str(tmp_path))]
     assert names == ["model_phase0.torch", "model_phase2.torch"]
     log = (tmp_path / "log.txt").read_text()
-    assert "stopping training after phase 3" in log
+    assert "stopping training after phase 4/" in log
     assert "MIN_DELTA=1000" in log and "PATIENCE=1" in log
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["phase_idx"] == 3

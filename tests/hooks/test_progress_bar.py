@@ -179,7 +179,7 @@ def test_on_a_terminal_each_finished_bar_is_drawn_once(tmp_path: Any, outputs: A
     # the last step's log line comes before the finished bar, the phase end after it
     first_bar = next(i for i, line in enumerate(screen) if finished(PHASES[0][0]) in line)
     assert "iter: 4/8" in screen[first_bar - 1]
-    assert "phase 0 (train) done" in "\n".join(screen[first_bar + 1 :])
+    assert "phase 1/4 (train) done" in "\n".join(screen[first_bar + 1 :])
 
 
 def test_in_a_log_file_each_phase_leaves_one_bar_line(tmp_path: Any, outputs: Any) -> None:
@@ -200,7 +200,7 @@ def test_in_a_log_file_each_phase_leaves_one_bar_line(tmp_path: Any, outputs: An
     # in order: phase 0's last log line, its bar, its end
     i_log = next(i for i, line in enumerate(lines) if "iter: 4/8" in line)
     i_bar = next(i for i, line in enumerate(lines) if line.startswith("train ep 1/2:"))
-    i_end = next(i for i, line in enumerate(lines) if "phase 0 (train) done" in line)
+    i_end = next(i for i, line in enumerate(lines) if "phase 1/4 (train) done" in line)
     assert i_log < i_bar < i_end
 
 
@@ -233,6 +233,7 @@ def test_a_phase_resumed_mid_way_starts_the_bar_at_the_steps_done(
         train_phase_idx=0,
         num_train_phases=1,
         phase_idx=0,
+        phases=[{"train": True}],
         steps=5,
         local_iteration_num=3,  # restored from a mid-phase checkpoint
         iteration=3,

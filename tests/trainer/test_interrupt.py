@@ -139,10 +139,11 @@ def test_ctrl_c_finishes_the_step_checkpoints_and_raises_interrupted(
     assert recorder.at("on_step")[-1][3] == 2 and recorder.events()[-1] == "on_end"
     assert signal.getsignal(signal.SIGINT) is before  # handler restored
     assert "Ctrl-C (SIGINT) received: training stops after the current step" in caplog.text
+    stopped = "Ctrl-C (SIGINT): stopped after iteration 2 (phase 1/"  # 1-based
+    assert stopped in caplog.text
     assert (
-        "Ctrl-C (SIGINT): stopped after iteration 2 (phase 0); saved "
-        f"{tmp_path / 'model_iteration2.torch'}; exiting with code 130: run the same command "
-        "with config.CHECKPOINT.AUTO_RESUME=true to resume."
+        f"; saved {tmp_path / 'model_iteration2.torch'}; exiting with code 130: run the same "
+        "command with config.CHECKPOINT.AUTO_RESUME=true to resume."
     ) in caplog.text
 
     # the checkpoint resumes: the rest of the run completes from iteration 2

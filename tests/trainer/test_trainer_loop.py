@@ -165,7 +165,8 @@ def test_a_stop_mid_phase_saves_an_iteration_checkpoint_that_resumes(
     assert [r[3] for r in recorder.at("on_step")] == [1, 2, 3]
     assert recorder.events()[-2:] == ["on_step", "on_end"]  # no on_phase_end
     assert _checkpoint_names(tmp_path) == ["model_iteration3.torch"]
-    assert "training stopped at iteration 3 (phase 0): test asked" in caplog.text
+    assert "training stopped at iteration 3 (phase 1/" in caplog.text  # phases 1-based
+    assert "): test asked" in caplog.text
 
     resumed = EventRecorder()
     path = os.path.join(tmp_path, "model_iteration3.torch")

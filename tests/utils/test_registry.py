@@ -135,3 +135,36 @@ def test_every_plugin_kind_uses_the_registry():
     )
     assert "accuracy_list_meter" in METER_REGISTRY
     assert "train" in ENGINE_REGISTRY
+
+
+@pytest.mark.parametrize(
+    "misspelt,meant",
+    [
+        ("RandomResizeCrop", "RandomResizedCrop"),  # #41 item 10: it suggested RandomErasing
+        ("RandomHorizontalFlp", "RandomHorizontalFlip"),
+        ("ImgPilToMultiCrops", "ImgPilToMultiCrop"),
+    ],
+)
+def test_a_misspelt_transform_is_suggested_the_torchvision_name_too(misspelt, meant):
+    from vissl.data.ssl_transforms import TRANSFORM_REGISTRY
+
+    with pytest.raises(UnknownNameError) as info:
+        TRANSFORM_REGISTRY.get(misspelt)
+    assert f"Did you mean {meant!r}?" in str(info.value)
+    assert "every class of torchvision.transforms" in str(info.value)
+
+
+def test_a_misspelt_torch_loss_is_suggested_its_name():
+    from vissl.losses import LOSS_REGISTRY
+
+    with pytest.raises(UnknownNameError, match="Did you mean 'CrossEntropyLoss'"):
+        LOSS_REGISTRY.get("CrossEntropyLos")
+
+
+def test_fallback_names_feed_the_suggestion():
+    reg: Registry[object] = Registry("thing")
+    reg.register("alpha", object())
+    reg.add_fallback(lambda n: None, lambda: ["BetaGamma"], "every beta")
+    with pytest.raises(UnknownNameError) as info:
+        reg.get("BetaGama")
+    assert "Did you mean 'BetaGamma'?" in str(info.value) and ", and every beta." in str(info.value)

@@ -24,16 +24,12 @@ from typing import Any
 
 import yaml
 
-from vissl.errors import ConfigError, UnknownKeyError
+from vissl.errors import ConfigError, UnknownKeyError, UnsupportedConfigWarning
 from vissl.utils.registry import get_registry
 
 logger = logging.getLogger(__name__)
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.yaml")
-
-
-class UnsupportedConfigWarning(UserWarning):
-    """A config key VISSL knows but vissl does not implement yet."""
 
 
 # Subtrees whose content is free-form (validated by the component that reads them).
@@ -420,6 +416,38 @@ _MIN = {
 _DISK_SOURCES = ("disk_folder", "disk_filelist")
 
 
+def ignored_path_error(split: str, index: int, source: str, path: Any) -> ConfigError:
+    """``DATA_PATHS[index]`` given for a data source that reads no path (``digits``,
+    ``synthetic``): the run would silently train on that source instead."""
+    key = f"config.DATA.{split}.DATA_PATHS"
+    return ConfigError(
+        f"{key}[{index}]={path!r} is set, but the data source at "
+        f"config.DATA.{split}.DATA_SOURCES[{index}] is {source!r}, which reads no path: the "
+        f"path would be ignored and the run would train on {source!r}. To train on your "
+        f"images, set config.DATA.{split}.DATA_SOURCES=[disk_folder] (a folder of "
+        "<class>/<image> files) or [disk_filelist] (a .npy list of image paths); to train "
+        f"on {source!r}, leave {key} empty.",
+        f"{key}[{index}]",
+    )
+
+
+def _check_ignored_paths(split: str, sources: list[Any], paths: list[Any]) -> None:
+    """A path for a source that reads none is an error (see :func:`ignored_path_error`).
+
+    Sources are looked up in the data-source registry when it exists (the plugin
+    packages are imported before validation); a source it does not know is left to the
+    data set, which names the registered ones.
+    """
+    registry = get_registry("data source")
+    if registry is None:
+        return
+    for i, (source, path) in enumerate(zip(sources, paths, strict=False)):
+        if not path or not isinstance(source, str) or source not in registry:
+            continue
+        if not getattr(registry.get(source), "requires_path", True):
+            raise ignored_path_error(split, i, source, path)
+
+
 def check_values(cfg: Mapping[str, Any]) -> None:
     """Raise ConfigError for impossible values (negative sizes, missing paths, bad choices)."""
     for path, choices in _CHOICES.items():
@@ -445,6 +473,7 @@ def check_values(cfg: Mapping[str, Any]) -> None:
             )
         if not _split_used(cfg, split):
             continue
+        _check_ignored_paths(split, sources, paths)
         if not paths and list(data.get("DATASET_NAMES") or []):
             continue  # resolved through the dataset catalog when the data set is built
         for i, source in enumerate(sources):
@@ -514,7 +543,10 @@ def _split_used(cfg: Mapping[str, Any], split: str) -> bool:
 
 def warn_not_implemented(cfg: Mapping[str, Any]) -> None:
     """Warn for each key of :data:`NOT_IMPLEMENTED` set to other than its inert value."""
+    amp_on = bool(((cfg.get("MODEL") or {}).get("AMP_PARAMS") or {}).get("USE_AMP"))
     for path, inert in NOT_IMPLEMENTED.items():
+        if path.startswith("MODEL.AMP_PARAMS.") and not amp_on:
+            continue  # (AMP is off: its arguments are not used at all)
         if _has(cfg, path) and _get(cfg, path) != inert:
             _warn(
                 f"config.{path}={_get(cfg, path)!r}: vissl does not implement this VISSL option "

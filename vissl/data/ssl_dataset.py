@@ -10,6 +10,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from vissl.config.attr_dict import AttrDict
+from vissl.config.validation import ignored_path_error
 from vissl.data.data_helper import (
     balanced_sub_sampling,
     load_array_file,
@@ -222,6 +223,9 @@ class GenericSSLDataset(Dataset[dict[str, Any]]):
                 self._path("DATASET_NAMES"),
             )
         needs_path = [bool(getattr(cls, "requires_path", True)) for cls in classes]
+        for i, (needed, path) in enumerate(zip(needs_path, self.data_paths, strict=False)):
+            if path and not needed:
+                raise ignored_path_error(self.split, i, self.data_sources[i], path)
         if not self.data_paths and any(needs_path):
             needy = [s for s, needed in zip(self.data_sources, needs_path) if needed]
             if not names_given:

@@ -14,7 +14,7 @@ from vissl.config.attr_dict import AttrDict
 from vissl.engines import Engine, register_engine
 from vissl.engines.run_context import HookGenerator, RunContext
 from vissl.trainer.trainer_main import SelfSupervisionTrainer
-from vissl.utils.distributed import get_rank
+from vissl.utils.distributed import broadcast_object, get_rank
 from vissl.utils.env import get_device
 from vissl.utils.logger import setup_logging, shutdown_logging
 
@@ -67,12 +67,25 @@ def train_main(
     # APPEND_DISTR_RUN_ID), on a copy so the caller's config is untouched.
     cfg = AttrDict(copy.deepcopy(cfg.to_dict()))
     cfg.CHECKPOINT.DIR = checkpoint_folder
-    setup_logging(checkpoint_folder, rank, verbose=bool(cfg.VERBOSE))
+    # Rank 0's launcher made the resume choice (the other nodes' launchers did not).
+    chosen = broadcast_object(ctx.checkpoint_path)
+    checkpoint_path = str(chosen) if chosen else None
+    # A resume writes nothing into the folder (log.txt, train_config.yaml) before its
+    # checkpoint is known to fit: the trainer starts the log file then.
+    setup_logging(
+        checkpoint_folder, rank, verbose=bool(cfg.VERBOSE), defer_file=bool(checkpoint_path)
+    )
     try:
         device = get_device(cfg, ctx.local_rank)
         set_seeds(cfg, rank)
         hooks = ctx.hook_generator(cfg)
-        trainer = SelfSupervisionTrainer(cfg, checkpoint_folder, device, hooks, ctx.checkpoint_path)
+        trainer = SelfSupervisionTrainer(
+            cfg,
+            checkpoint_folder,
+            device,
+            hooks,
+            checkpoint_path,
+        )
         return trainer.train()
     finally:
         shutdown_logging()

@@ -140,7 +140,13 @@ def default_hook_generator(cfg: Any) -> list[Any]:
     if cfg.HOOKS.CHECK_NAN:
         hooks.append(CheckNanLossHook(window=int(cfg.LOG_FREQUENCY), dump_folder=folder))
     if cfg.HOOKS.PERF_STATS.MONITOR_PERF_STATS:
-        hooks.append(LogPerfTimeMetricsHook(int(cfg.HOOKS.PERF_STATS.PERF_STAT_FREQUENCY)))
+        perf = cfg.HOOKS.PERF_STATS
+        hooks.append(
+            LogPerfTimeMetricsHook(
+                int(perf.PERF_STAT_FREQUENCY),
+                print_every_phase=bool(perf.get("PRINT_EVERY_PHASE", False)),
+            )
+        )
     frozen = parse_frozen_params_map(list(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP or []))
     clip = (
         GradClipHook.from_config(cfg.MODEL.GRAD_CLIP) if cfg.MODEL.GRAD_CLIP.USE_GRAD_CLIP else None

@@ -178,7 +178,11 @@ class EarlyStoppingHook(VisslHook):
             self.bad_phases = 0
         else:
             self.bad_phases += 1
-        best = "none" if self.best is None else f"{self.best:.6g} (phase {self.best_phase_idx})"
+        best = (
+            "none"
+            if self.best is None
+            else f"{self.best:.6g} (phase {self.best_phase_idx + 1}/{len(task.phases)})"
+        )
         if not is_finite(value) and is_primary():
             logger.warning(
                 "early stopping: %s is %s (counted as no improvement)", self.monitor, value
@@ -205,7 +209,12 @@ class EarlyStoppingHook(VisslHook):
             return
         self.stopped_phase_idx = task.phase_idx
         if is_primary():
-            logger.info("%s; stopping training after phase %d", reason, task.phase_idx)
+            logger.info(
+                "%s; stopping training after phase %d/%d",
+                reason,
+                task.phase_idx + 1,
+                len(task.phases),
+            )
         request_stop = getattr(task, "request_stop", None)
         if callable(request_stop):
             request_stop(reason, kind="early_stop")

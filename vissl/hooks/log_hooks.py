@@ -16,6 +16,7 @@ import torch
 from vissl.hooks.base import Priority, VisslHook
 from vissl.hooks.log_values import read_log_values
 from vissl.utils.distributed import is_primary
+from vissl.utils.logger import CONSOLE
 from vissl.utils.perf_stats import PerfStats
 
 if TYPE_CHECKING:
@@ -243,8 +244,9 @@ class LogLossLrEtaHook(VisslHook):
                 if k.startswith("loss.")
             )
             logger.info(
-                "[ep: %d] iter: %d/%d; lr: %.5g; loss: %.5f%s; btime(ms): %.1f; eta: %s",
-                task.train_phase_idx,
+                "[ep: %d/%d] iter: %d/%d; lr: %.5g; loss: %.5f%s; btime(ms): %.1f; eta: %s",
+                task.train_phase_idx + 1,
+                task.num_train_phases,
                 task.iteration,
                 task.max_iteration,
                 record["lr"],
@@ -287,8 +289,9 @@ class LogLossLrEtaHook(VisslHook):
             self._write_phase_record(task)
             elapsed = time.perf_counter() - self._start_time
             logger.info(
-                "phase %d (%s) done in %.1fs: average loss %.5f",
-                task.phase_idx,
+                "phase %d/%d (%s) done in %.1fs: average loss %.5f",
+                task.phase_idx + 1,
+                len(task.phases),
                 "train" if task.train else "test",
                 elapsed,
                 task.phase_average_loss(),
@@ -331,14 +334,23 @@ class LogLossLrEtaHook(VisslHook):
 class LogPerfTimeMetricsHook(VisslHook):
     """Turns on per-section perf timers and reports them (HOOKS.PERF_STATS).
 
-    Reports every ``PERF_STAT_FREQUENCY`` train iterations (if > 0) and at each phase end.
+    Reports every ``PERF_STAT_FREQUENCY`` train iterations (if > 0), on the console and in
+    ``log.txt``, and at each phase end: in ``log.txt`` and TensorBoard, and on the console
+    only with ``print_every_phase`` (``PERF_STATS.PRINT_EVERY_PHASE``). The console gets
+    the breakdown over the whole run once, in the end-of-training summary.
     """
 
     priority = Priority.HIGH
 
-    def __init__(self, perf_stat_frequency: int = -1, log_freq: int | None = None) -> None:
+    def __init__(
+        self,
+        perf_stat_frequency: int = -1,
+        log_freq: int | None = None,
+        print_every_phase: bool = False,
+    ) -> None:
         # log_freq: VISSL's name of the argument
         self.perf_stat_frequency = perf_stat_frequency if log_freq is None else log_freq
+        self.print_every_phase = bool(print_every_phase)
         self.last_summary: dict[str, dict[str, float]] = {}
 
     def on_phase_start(self, task: SelfSupervisionTask) -> None:
@@ -357,10 +369,15 @@ class LogPerfTimeMetricsHook(VisslHook):
         ):
             self._report(task, stats)
 
-    def _report(self, task: SelfSupervisionTask, stats: PerfStats) -> None:
+    def _report(self, task: SelfSupervisionTask, stats: PerfStats, console: bool = True) -> None:
         self.last_summary = stats.summary()
         if is_primary():
-            logger.info("iteration %d, %s", task.iteration, stats.report_str())
+            logger.info(
+                "iteration %d, %s",
+                task.iteration,
+                stats.report_str(),
+                extra={} if console else {CONSOLE: False},
+            )
         writer = getattr(task, "tensorboard_writer", None)
         if writer is not None:
             for name, row in self.last_summary.items():
@@ -370,5 +387,5 @@ class LogPerfTimeMetricsHook(VisslHook):
 
     def on_phase_end(self, task: SelfSupervisionTask) -> None:
         if task.perf_stats is not None and task.perf_stats.host:
-            self._report(task, task.perf_stats)
+            self._report(task, task.perf_stats, console=self.print_every_phase)
         task.perf_stats = None

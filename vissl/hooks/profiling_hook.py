@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from vissl.errors import ConfigError
+from vissl.errors import ConfigError, UnsupportedConfigWarning
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.distributed import get_rank
 
@@ -159,6 +159,7 @@ class ProfilingHook(VisslHook):
             warnings.warn(
                 f"{_KEY}.RUNTIME_PROFILING.LEGACY_PROFILER=True is ignored: vissl always "
                 "uses torch.profiler. Set it to False to silence this warning.",
+                UnsupportedConfigWarning,
                 stacklevel=2,
             )
         folder = p.get("OUTPUT_FOLDER", ".")

@@ -311,8 +311,16 @@ def _fmt(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+def _phase(phase_idx: Any, summary: Mapping[str, Any]) -> str:
+    """A phase as the console counts them, 1-based (``3/10``); summary.json keeps VISSL's
+    0-based ``phase_idx``."""
+    if not isinstance(phase_idx, int):
+        return str(phase_idx)
+    return f"{phase_idx + 1}/{summary.get('num_phases', '?')}"
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
-    """The summary as a few log lines."""
+    """The summary as a few log lines (phases 1-based, as everywhere on the console)."""
     head = (
         f"training summary: ended {summary['end_reason']}"
         + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else "")
@@ -328,14 +336,17 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         final = kind["final"] or {}
         finals = ", ".join(f"{k} {_fmt(v)}" for k, v in final.get("metrics", {}).items())
         bests = ", ".join(
-            f"{k} {_fmt(b['value'])} (phase {b['phase_idx']})" for k, b in kind["best"].items()
+            f"{k} {_fmt(b['value'])} (phase {_phase(b.get('phase_idx'), summary)})"
+            for k, b in kind["best"].items()
         )
         speed = kind["images_per_s"]
         lines.append(
             f"  {split}: {kind['phases']} phase(s), {kind['time_s']:.1f}s"
             + (f", {speed:.1f} images/s" if speed is not None else "")
         )
-        lines.append(f"    final (phase {final.get('phase_idx')}): {finals or '-'}")
+        lines.append(
+            f"    final (phase {_phase(final.get('phase_idx'), summary)}): {finals or '-'}"
+        )
         lines.append(f"    best: {bests or '-'}")
         for section, row in kind.get("perf_stats", {}).items():
             cuda = f", cuda {row['cuda_ms']:.2f} ms" if "cuda_ms" in row else ""

@@ -10,8 +10,12 @@
 - Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` set), this
   process joins torchrun's group instead of spawning; the config's process counts must
   match torchrun's.
-- The run folder and the resume choice (:func:`~vissl.trainer.checkpointing.choose_resume_checkpoint`)
-  are made once here, and handed to every process in its :class:`RunContext`.
+- The run folder: for training, the launcher of global rank 0 takes its lock
+  (:mod:`~vissl.launch.run_lock`: a second live run into the folder is refused), then
+  decides once what the run does with it (:mod:`~vissl.launch.run_folder`: nothing when
+  it finished, resume, or start afresh with an older run moved aside) and hands the resume
+  choice to its processes in their :class:`RunContext`; the processes of other nodes (and
+  torchrun's other ranks) take rank 0's choice when they meet.
 - Every worker imports ``config.IMPORTS`` (and entry-point plugins) before it reads any
   registry, so user train steps, hooks and losses exist in every process.
 """
@@ -22,6 +26,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch.distributed as dist
@@ -39,10 +45,12 @@ from vissl.launch.checks import (
     torchrun_environment,
 )
 from vissl.launch.rendezvous import make_rendezvous
+from vissl.launch.run_folder import prepare_train_folder
+from vissl.launch.run_lock import RunLock
 from vissl.launch.supervision import run_worker_group
 from vissl.launch.worker import ERROR_FILE_ENV, Job, apply_nccl_env, bind_device, record_error
-from vissl.trainer.checkpointing import choose_resume_checkpoint
-from vissl.utils.hydra_config import config_to_yaml
+from vissl.trainer.checkpointing import ResumeChoice
+from vissl.utils.checkpoint import has_final_checkpoint
 from vissl.utils.imports import import_plugins
 
 logger = logging.getLogger(__name__)
@@ -65,26 +73,39 @@ def prepare_run(
     run_id: str,
     hook_generator: HookGenerator | None,
     node_id: int,
-    write_config: bool,
+    primary: bool,
+    folder: str | None = None,
 ) -> RunContext | None:
-    """The run context of local rank 0, or None when training already finished.
+    """The run context of this node's local rank 0, or None when training already finished.
 
-    Creates the run folder, makes the resume choice once, and writes
-    ``train_config.yaml`` (on the node that ``write_config``).
+    Creates the run folder. For training, the ``primary`` launcher (of global rank 0; it
+    holds the folder's lock, see :func:`run_folder_lock`) decides what the run does with
+    the folder (:func:`~vissl.launch.run_folder.prepare_train_folder`); the others only
+    look for a finished run and take rank 0's resume choice when the processes meet.
+    ``train_config.yaml`` is written by the trainer, once the resume is known to fit.
+
+    Raises:
+        RunFolderError: the folder holds a finished run of another config.
+        ResumeMismatchError: AUTO_RESUME found a checkpoint of another model.
     """
-    folder = get_checkpoint_folder(cfg, run_id)
-    choice = choose_resume_checkpoint(cfg, folder, engine_name)
+    folder = folder or get_checkpoint_folder(cfg, run_id)
+    if engine_name != "train":
+        choice = ResumeChoice()
+    elif primary:
+        choice = prepare_train_folder(cfg, folder)
+    else:
+        finished = has_final_checkpoint(folder) and not cfg.CHECKPOINT.OVERWRITE_EXISTING
+        choice = ResumeChoice(finished=finished)
     if choice.finished:
         logging.getLogger("vissl").warning(
-            "training in %s has already finished (a final checkpoint exists); set "
-            "config.CHECKPOINT.OVERWRITE_EXISTING=True to train again.",
+            "training in %s has already finished (a final checkpoint of this config "
+            "exists); set config.CHECKPOINT.OVERWRITE_EXISTING=True to train again (the "
+            "finished run is moved to %s/previous_runs/).",
+            folder,
             folder,
         )
         print(f"vissl: training in {folder} has already finished; nothing to do.")
         return None
-    if engine_name == "train" and write_config:
-        with open(os.path.join(folder, "train_config.yaml"), "w", encoding="utf-8") as f:
-            f.write(config_to_yaml(cfg))
     return RunContext(
         cfg=cfg,
         engine_name=engine_name,
@@ -97,6 +118,26 @@ def prepare_run(
     )
 
 
+@contextmanager
+def run_folder_lock(cfg: Any, engine_name: str, run_id: str, primary: bool) -> Iterator[str]:
+    """Create the run folder and, for the ``primary`` launcher of a training run, hold
+    its lock (:class:`~vissl.launch.run_lock.RunLock`) until the block ends.
+
+    Yields:
+        The run folder.
+
+    Raises:
+        RunFolderLockedError: another live run holds the folder's lock.
+    """
+    folder = get_checkpoint_folder(cfg, run_id)
+    lock = RunLock.acquire(folder, run_id) if primary and engine_name == "train" else None
+    try:
+        yield folder
+    finally:
+        if lock is not None:
+            lock.release()
+
+
 def _launch_under_torchrun(
     cfg: Any, env: dict[str, int], engine_name: str, hook_generator: HookGenerator | None
 ) -> Any:
@@ -105,9 +146,16 @@ def _launch_under_torchrun(
     check_backend(cfg, world_size)
     check_devices(cfg, nproc)
     run_id = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '')}"
-    ctx = prepare_run(cfg, engine_name, run_id, hook_generator, node_id, rank == 0)
-    if ctx is None:
-        return None
+    with run_folder_lock(cfg, engine_name, run_id, rank == 0) as folder:
+        ctx = prepare_run(cfg, engine_name, run_id, hook_generator, node_id, rank == 0, folder)
+        if ctx is None:
+            return None
+        return _run_under_torchrun(ctx, cfg, rank, world_size, local_rank, node_id)
+
+
+def _run_under_torchrun(
+    ctx: RunContext, cfg: Any, rank: int, world_size: int, local_rank: int, node_id: int
+) -> Any:
     logger.info(
         "torchrun: rank %d of %d (node %d, local rank %d)", rank, world_size, node_id, local_rank
     )
@@ -187,31 +235,36 @@ def launch_distributed(
     check_devices(cfg, nproc, will_fork)
 
     if world_size == 1 and not always_spawn:
-        ctx = prepare_run(cfg, engine_name, "local", hook_generator, node_id, True)
-        if ctx is None:
-            return None
-        import_plugins(cfg.IMPORTS or [])
-        return run_engine_in_context(ctx)
+        with run_folder_lock(cfg, engine_name, "local", True) as folder:
+            ctx = prepare_run(cfg, engine_name, "local", hook_generator, node_id, True, folder)
+            if ctx is None:
+                return None
+            import_plugins(cfg.IMPORTS or [])
+            return run_engine_in_context(ctx)
 
     rdzv = make_rendezvous(cfg, node_id, num_nodes)
     error_dir = tempfile.mkdtemp(prefix="vissl_worker_errors_")
+    primary = node_id == 0
     try:
-        ctx = prepare_run(cfg, engine_name, rdzv.run_id, hook_generator, node_id, node_id == 0)
-        if ctx is None:
-            return None
-        logger.info(
-            "launching %d processes on node %d of %d (world size %d, %s rendezvous %s)",
-            nproc,
-            node_id,
-            num_nodes,
-            world_size,
-            rdzv.method,
-            rdzv.run_id,
-        )
-        # Import vissl's and the user's plugins once here: forked workers inherit them.
-        import_plugins(cfg.IMPORTS or [])
-        job = Job(ctx=ctx, world_size=world_size, nproc=nproc, rdzv=rdzv, error_dir=error_dir)
-        run_worker_group(job, str(cfg.MULTI_PROCESSING_METHOD))
+        with run_folder_lock(cfg, engine_name, rdzv.run_id, primary) as folder:
+            ctx = prepare_run(
+                cfg, engine_name, rdzv.run_id, hook_generator, node_id, primary, folder
+            )
+            if ctx is None:
+                return None
+            logger.info(
+                "launching %d processes on node %d of %d (world size %d, %s rendezvous %s)",
+                nproc,
+                node_id,
+                num_nodes,
+                world_size,
+                rdzv.method,
+                rdzv.run_id,
+            )
+            # Import vissl's and the user's plugins once here: forked workers inherit them.
+            import_plugins(cfg.IMPORTS or [])
+            job = Job(ctx=ctx, world_size=world_size, nproc=nproc, rdzv=rdzv, error_dir=error_dir)
+            run_worker_group(job, str(cfg.MULTI_PROCESSING_METHOD))
     finally:
         rdzv.close()
         shutil.rmtree(error_dir, ignore_errors=True)

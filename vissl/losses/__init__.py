@@ -27,6 +27,6 @@ def get_loss(name: str) -> Any:
 
 import_submodules(__name__)
 
-from vissl.losses.build import build_loss  # noqa: E402
+from vissl.losses.build import build_loss, infer_loss_config  # noqa: E402
 
-__all__ = ["LOSS_REGISTRY", "build_loss", "get_loss", "register_loss"]
+__all__ = ["LOSS_REGISTRY", "build_loss", "get_loss", "infer_loss_config", "register_loss"]

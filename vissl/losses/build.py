@@ -8,7 +8,7 @@ registered falls back to the ``torch.nn`` loss class of that name (``CrossEntrop
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -41,7 +41,7 @@ def _resolve_torch_loss(name: str) -> Any:
     return obj if _is_torch_loss_class(obj) else None
 
 
-LOSS_REGISTRY.add_fallback(_resolve_torch_loss)
+LOSS_REGISTRY.add_fallback(_resolve_torch_loss, torch_loss_names, "every torch.nn loss class")
 
 
 def _loss_params(loss_config: Mapping[str, Any], name: str) -> AttrDict:
@@ -76,6 +76,26 @@ def _build_torch_loss(cls: type[nn.Module], name: str, params: AttrDict) -> nn.M
             f"config.LOSS.{name}: cannot build torch.nn.{name}({kwargs}): {err}",
             f"config.LOSS.{name}",
         ) from err
+
+
+def infer_loss_config(config: MutableMapping[str, Any]) -> None:
+    """Fill in, in place, what the selected loss infers from the rest of ``config`` (its
+    ``infer_config(params, config)``: crops from the transforms, prototypes from the head,
+    queue lengths from the batch size), as :func:`build_loss` does when the task is built.
+
+    The run folder's checks compare a new config with the one a checkpoint records, which
+    holds these values: the new one must hold them too. A name that is not a registered
+    loss (a ``torch.nn`` loss, a typo) has nothing to infer.
+    """
+    loss_config = config.get("LOSS")
+    if not isinstance(loss_config, Mapping):
+        return
+    name = loss_config.get("name")
+    if not isinstance(name, str) or name not in LOSS_REGISTRY:
+        return
+    infer_config = getattr(LOSS_REGISTRY.get(name), "infer_config", None)
+    if callable(infer_config):
+        infer_config(_loss_params(loss_config, name), config)
 
 
 def build_loss(

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from vissl.config.compare import describe_run, recorded_config
+from vissl.errors import ResumeMismatchError
 from vissl.hooks.base import hook_name
 from vissl.trainer.sharded_checkpoint import (
     is_sharded_checkpoint,
@@ -164,8 +166,72 @@ def checkpoint_state(
     }
 
 
+def resume_mismatch_error(
+    folder: str, checkpoint_path: str, recorded: Any, current: Any, detail: str
+) -> ResumeMismatchError:
+    """The error of a resume into a folder whose checkpoint is another model's."""
+    return ResumeMismatchError(
+        f"config.CHECKPOINT.DIR={folder} holds a checkpoint of another model: "
+        f"{os.path.basename(checkpoint_path)} was written by a run of "
+        f"{describe_run(recorded)}; this config is {describe_run(current)} ({detail}). "
+        "Resuming it would train the wrong weights, so nothing in the folder was changed. "
+        "To train this config, give it its own folder (config.CHECKPOINT.DIR=<new "
+        "folder>); to start it from scratch in this folder, set "
+        "config.CHECKPOINT.AUTO_RESUME=false (the old run's files are moved to "
+        f"{os.path.join(folder, 'previous_runs')}/<time>/); to start from that model's "
+        f"weights, use a new folder and config.MODEL.WEIGHTS_INIT.PARAMS_FILE={checkpoint_path}."
+    )
+
+
+def _model_fit_problems(task: SelfSupervisionTask, classy: dict[str, Any]) -> str | None:
+    """Why the checkpoint's model weights do not load into the task's model, or None."""
+    try:
+        saved = join_model_state(classy["base_model"]["model"])
+    except (KeyError, TypeError, AttributeError):
+        return "it holds no vissl model (classy_state_dict.base_model.model)"
+    expected = {k: tuple(v.shape) for k, v in task.base_model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in saved.items() if hasattr(v, "shape")}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    shapes = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} weights of this model are not in it ({missing[:3]})")
+    if unexpected:
+        problems.append(f"it has {len(unexpected)} weights this model lacks ({unexpected[:3]})")
+    if shapes:
+        k = shapes[0]
+        problems.append(
+            f"{len(shapes)} weights have other shapes ({k}: {list(got[k])} in the "
+            f"checkpoint, {list(expected[k])} here)"
+        )
+    return "; ".join(problems) or None
+
+
+def check_checkpoint_fits(task: SelfSupervisionTask, state: dict[str, Any], path: str) -> None:
+    """Refuse a checkpoint whose model weights do not fit the task's model.
+
+    Raises:
+        ResumeMismatchError: naming the checkpoint's run and how to start a new one.
+    """
+    if is_sharded_checkpoint(state):
+        return  # (its tensors are in its DCP folder; loading them says what does not fit)
+    problem = _model_fit_problems(task, state.get("classy_state_dict") or {})
+    if problem is not None:
+        raise resume_mismatch_error(
+            os.path.dirname(path),
+            path,
+            recorded_config(state.get("config")),
+            task.config,
+            f"the checkpoint does not fit this model: {problem}",
+        )
+
+
 def restore_checkpoint_state(
-    task: SelfSupervisionTask, state: dict[str, Any], folder: str | None = None
+    task: SelfSupervisionTask,
+    state: dict[str, Any],
+    folder: str | None = None,
+    path: str | None = None,
 ) -> None:
     """Restore a checkpoint written by :func:`checkpoint_state` into a built task.
 
@@ -178,7 +244,37 @@ def restore_checkpoint_state(
         state: the loaded checkpoint (a sharded checkpoint's index: its tensors are
             loaded from its DCP folder, resharded to this run's world size; collective).
         folder: the folder the checkpoint is in (default: the task's).
+        path: the checkpoint's file, named in errors.
+
+    Raises:
+        ResumeMismatchError: the checkpoint's model, optimizer or loss state does not fit
+            the task (another model's checkpoint).
     """
+    if path is None:
+        where = folder or getattr(task, "checkpoint_folder", None) or "."
+        path = os.path.join(where, POINTER_NAME)
+    check_checkpoint_fits(task, state, path)
+    if is_sharded_checkpoint(state):
+        _restore_checkpoint_state(task, state, folder)  # (collective: errors as they are)
+        return
+    try:
+        _restore_checkpoint_state(task, state, folder)
+    except (RuntimeError, KeyError, ValueError, IndexError) as err:
+        if isinstance(err, ResumeMismatchError):
+            raise
+        detail = " ".join(str(err).split())[:400]
+        raise resume_mismatch_error(
+            os.path.dirname(path),
+            path,
+            recorded_config(state.get("config")),
+            task.config,
+            f"its state does not load into this run: {type(err).__name__}: {detail}",
+        ) from err
+
+
+def _restore_checkpoint_state(
+    task: SelfSupervisionTask, state: dict[str, Any], folder: str | None
+) -> None:
     classy = state["classy_state_dict"]
     # The implementation (fused / foreach) is this run's choice, from where its
     # parameters live, not the choice of the run that wrote the checkpoint.
@@ -442,7 +538,7 @@ def restore_or_initialise(task: SelfSupervisionTask, checkpoint_path: str | None
     if checkpoint_path:
         path, state = load_resume_checkpoint(checkpoint_path)
         logger.info("resuming from %s (iteration %d)", path, int(state["iteration"]))
-        restore_checkpoint_state(task, state, os.path.dirname(path))
+        restore_checkpoint_state(task, state, os.path.dirname(path), path)
     elif task.config.MODEL.WEIGHTS_INIT.PARAMS_FILE and not getattr(
         task, "weights_initialised", False
     ):

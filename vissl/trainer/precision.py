@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vissl.errors import ConfigError
+from vissl.errors import ConfigError, UnsupportedConfigWarning
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ def build_precision(amp_params: Mapping[str, Any], device: torch.device) -> Prec
         warnings.warn(
             "config.MODEL.AMP_PARAMS.AMP_TYPE=apex: apex is not used; running torch AMP "
             "(torch.autocast) instead. Set AMP_TYPE: pytorch to silence this warning.",
+            UnsupportedConfigWarning,
             stacklevel=2,
         )
     elif amp_type != "pytorch":
@@ -141,6 +142,7 @@ def build_precision(amp_params: Mapping[str, Any], device: torch.device) -> Prec
             "config.MODEL.AMP_PARAMS: float16 mixed precision needs CUDA; running on "
             f"{device.type} with bfloat16 autocast instead. Set "
             "config.MODEL.AMP_PARAMS.AMP_DTYPE=bfloat16 to silence this warning.",
+            UnsupportedConfigWarning,
             stacklevel=2,
         )
         dtype = torch.bfloat16

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Any
 
 import torch
@@ -46,6 +47,8 @@ from vissl.trainer.stopping import NO_STOP, StopController
 from vissl.trainer.task import SelfSupervisionTask
 from vissl.trainer.train_steps import get_train_step
 from vissl.utils.distributed import barrier, is_primary
+from vissl.utils.hydra_config import config_to_yaml
+from vissl.utils.logger import start_log_file
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ class SelfSupervisionTrainer:
         self.device = device
         self.hooks = hooks
         self.checkpoint_path = checkpoint_path
+        # train_config.yaml: the config as given, before the task fills in what it infers
+        self._config_yaml = config_to_yaml(cfg)
         # (phase index, data iterator) started ahead by _prefetch_next_phase
         self._prefetched: tuple[int, Any] | None = None
         self.task: SelfSupervisionTask | None = None
@@ -92,7 +97,21 @@ class SelfSupervisionTrainer:
         owner = step.func if isinstance(step, functools.partial) else step
         self._add_required_hooks(task, owner)
         restore_or_initialise(task, self.checkpoint_path)
+        self._commit_run_folder()
         return task
+
+    def _commit_run_folder(self) -> None:
+        """The run owns its folder from here (the resume fitted): rank 0 writes
+        ``train_config.yaml`` and starts ``log.txt`` if its start was deferred."""
+        if not is_primary():
+            return
+        start_log_file()
+        path = os.path.join(self.checkpoint_folder, "train_config.yaml")
+        os.makedirs(self.checkpoint_folder, exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self._config_yaml)
+        os.replace(tmp, path)
 
     @staticmethod
     def _add_required_hooks(task: SelfSupervisionTask, step: Any) -> None:
@@ -192,7 +211,7 @@ class SelfSupervisionTrainer:
             path = save_iteration_checkpoint(task)
         elif task.train and not task.checkpoints_written_this_phase:
             path = save_task_checkpoint(task, f"model_phase{task.phase_idx}.torch", True)
-        where = f"iteration {task.iteration} (phase {task.phase_idx})"
+        where = f"iteration {task.iteration} (phase {task.phase_idx + 1}/{len(task.phases)})"
         saved = f"; saved {path}" if path else ""
         if task.stop_kind == "preempted":
             logger.warning(
@@ -272,7 +291,10 @@ class SelfSupervisionTrainer:
         if resuming:
             restore_mid_phase(task)
             logger.info(
-                "resumed inside phase %d after %d batches", task.phase_idx, task.local_iteration_num
+                "resumed inside phase %d/%d after %d batches",
+                task.phase_idx + 1,
+                len(task.phases),
+                task.local_iteration_num,
             )
         if task.train and task.param_schedulers is not None:
             task.param_schedulers.apply(task.optimizer, task.where, "epoch")

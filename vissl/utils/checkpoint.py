@@ -139,6 +139,19 @@ def checkpoint_progress(path: str) -> tuple[int, int, int] | None:
         return None
 
 
+def checkpoint_config(path: str) -> str | None:
+    """The config a checkpoint records (YAML text of its ``config`` entry), or None.
+
+    Memory-mapped like :func:`checkpoint_progress`: the tensors are not read.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    text = state.get("config") if isinstance(state, dict) else None
+    return text if isinstance(text, str) else None
+
+
 def list_checkpoints(
     folder: str, unreadable: list[str] | None = None
 ) -> list[tuple[str, int, str]]:

@@ -115,6 +115,18 @@ def gather_object_to_primary(obj: object) -> list[object] | None:
     return out
 
 
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Rank ``src``'s ``obj`` on every rank (``obj`` itself with one process).
+
+    Over the gloo group (:func:`gloo_group`), as host objects should travel.
+    """
+    if get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=gloo_group())
+    return box[0]
+
+
 class _AllReduceSumWithGrad(torch.autograd.Function):
     """all_reduce(SUM) whose backward all-reduces the incoming gradient (also a SUM).
 

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import re
+import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +30,7 @@ from vissl.config.validation import (
     _get,
     _has,
     _leaf_paths,
+    _load_defaults_file,
     default_tree,
     validate_config,
 )
@@ -62,12 +65,44 @@ def _unknown_override(overrides: Sequence[str], err: BaseException) -> UnknownKe
 _MISSING_CONFIG = re.compile(r"Could not find '(config/[^']+)'")
 
 
+def _is_shipped_configs(folder: Path) -> bool:
+    return (folder / "__init__.py").is_file() and (folder / "config").is_dir()
+
+
+def shipped_configs_dir() -> Path | None:
+    """The ``configs`` folder shipped with vissl (holding ``config/quick_start.yaml``...).
+
+    Found beside the ``vissl`` package (a checkout, an editable install, or the
+    site-packages of an install), else through Python's import system. Not through a bare
+    ``import configs``: a ``configs/`` folder of the user's project in the current folder
+    (a namespace package, without ``__init__.py``) shadows the shipped package there.
+    """
+    import vissl
+
+    beside = Path(vissl.__file__).resolve().parent.parent / "configs"
+    if _is_shipped_configs(beside):
+        return beside
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            spec = find_spec("configs", None)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            if _is_shipped_configs(Path(location)):
+                return Path(location)
+    return None
+
+
 def config_search_dirs() -> list[Path]:
     """The folders ``config=NAME`` is looked up in: ``configs/config`` of the vissl
     installation and of the current folder (as in VISSL)."""
-    import configs
-
-    dirs = [Path(configs.__file__).parent / "config", Path.cwd() / "configs" / "config"]
+    shipped = shipped_configs_dir()
+    dirs = [Path.cwd() / "configs" / "config"]
+    if shipped is not None:
+        dirs.insert(0, shipped / "config")
     seen: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [x.resolve() for x in seen]:
@@ -145,14 +180,199 @@ def _open_mapping_overrides(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+def _search_path_override() -> list[str]:
+    """``hydra.searchpath`` naming the shipped configs by their folder, not as
+    ``pkg://configs``, which a ``configs/`` folder in the current folder shadows."""
+    shipped = shipped_configs_dir()
+    if shipped is None or "'" in str(shipped):
+        return []  # defaults.yaml's pkg://configs and file://configs
+    return [f"hydra.searchpath=['file://{shipped}','file://configs']"]
+
+
+# ---------------------------------------------------------------------- list entries
+# A list of components (DATA.<split>.TRANSFORMS, HOOKS.CUSTOM_HOOKS, MODEL.HEAD.PARAMS, ...)
+# is addressed by index (config.DATA.TRAIN.TRANSFORMS.1.size=32) or by the entry's name
+# (config.DATA.TRAIN.TRANSFORMS.RandomResizedCrop.size=32): the name is resolved to its
+# index against the composed config. A bad index or name is an error listing the entries.
+
+_OVERRIDE_PARTS = re.compile(r"^(?P<prefix>[+~]{0,2})config\.(?P<path>[^=]+)=(?P<value>.*)$", re.S)
+
+
+@functools.lru_cache(maxsize=1)
+def _list_keys() -> frozenset[str]:
+    """Key paths (under ``config``) whose default is a list."""
+    tree = _load_defaults_file()["config"]
+    return frozenset(p for p in _leaf_paths(tree) if isinstance(_get(tree, p), list))
+
+
+def _list_step(path: str) -> tuple[str, str, list[str]] | None:
+    """``(list key, entry segment, the rest)`` when ``path`` goes into a list entry."""
+    parts = path.split(".")
+    keys = _list_keys()
+    for i in range(1, len(parts)):
+        head = ".".join(parts[:i])
+        if head in keys:
+            return head, parts[i], parts[i + 1 :]
+    return None
+
+
+def _entry_name(entry: Any) -> str | None:
+    if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+        return str(entry["name"])
+    if isinstance(entry, list | tuple) and entry and isinstance(entry[0], str):
+        return str(entry[0])
+    return None
+
+
+def _entry_args(entry: Any) -> Mapping[str, Any]:
+    if isinstance(entry, Mapping):
+        return {k: v for k, v in entry.items() if k != "name"}
+    if isinstance(entry, list | tuple) and len(entry) > 1 and isinstance(entry[1], Mapping):
+        return entry[1]
+    return {}
+
+
+def describe_entries(entries: Sequence[Any], width: int = 60) -> str:
+    """``[0] ImgReplicatePil (num_times=2), [1] RandomResizedCrop (size=8, ...)``."""
+    out = []
+    for i, entry in enumerate(entries):
+        args = ", ".join(f"{k}={v!r}" for k, v in _entry_args(entry).items())
+        if len(args) > width:
+            args = args[: width - 3] + "..."
+        name = _entry_name(entry) or repr(entry)[:width]
+        out.append(f"[{i}] {name}" + (f" ({args})" if args else ""))
+    return ", ".join(out) if out else "(none: the list is empty)"
+
+
+def _plain_list(composed: DictConfig, key: str) -> list[Any] | None:
+    node = OmegaConf.select(composed, f"config.{key}")
+    if node is None:
+        return None
+    value = OmegaConf.to_container(node, resolve=False)
+    return value if isinstance(value, list) else None
+
+
+def _entry_error(override: str, key: str, message: str, example: str) -> ConfigError:
+    return ConfigError(
+        f"{override!r}: {message} Address an entry by its index "
+        f"(config.{key}.<index>.<argument>=...) or by its name "
+        f"(config.{key}.<name>.<argument>=..., e.g. {example}); add an argument the entry "
+        "does not set yet with a leading +.",
+        f"config.{key}",
+    )
+
+
+#: Arguments an example names first: the crop sizes, which users change most.
+_EXAMPLE_ARGS = ("size", "size_crops", "crop_size")
+
+
+def _example(key: str, entries: Sequence[Any]) -> str:
+    candidates = [(_entry_name(e), _entry_args(e)) for e in entries]
+    for wanted in (*_EXAMPLE_ARGS, None):
+        for name, args in candidates:
+            arg = wanted if wanted in args else (next(iter(args), None) if wanted is None else None)
+            if name and arg is not None:
+                return f"config.{key}.{name}.{arg}={args[arg]!r}".replace("'", "")
+    return f"config.{key}.0.name=..."
+
+
+def _resolve_named_entries(overrides: list[str], compose_fn: Any) -> list[str]:
+    """Overrides that name a list entry (``TRANSFORMS.RandomResizedCrop.size=32``) with
+    the name replaced by its index in the config composed from the other overrides."""
+    named: dict[int, tuple[str, str, str, str, list[str], str]] = {}
+    for i, override in enumerate(overrides):
+        m = _OVERRIDE_PARTS.match(override)
+        step = _list_step(m.group("path")) if m else None
+        if m and step and not step[1].lstrip("-").isdigit():
+            named[i] = (m.group("prefix"), m.group("value"), *step[:2], step[2], override)
+    if not named:
+        return overrides
+    base = compose_fn([o for i, o in enumerate(overrides) if i not in named])
+    out = list(overrides)
+    for i, (prefix, value, key, name, rest, override) in named.items():
+        entries = _plain_list(base, key) or []
+        found = [j for j, entry in enumerate(entries) if _entry_name(entry) == name]
+        if len(found) != 1:
+            what = (
+                f"config.{key} has no entry named {name!r}"
+                if not found
+                else f"config.{key} has {len(found)} entries named {name!r} ({found}): "
+                "use the index of the one you mean"
+            )
+            raise _entry_error(
+                override,
+                key,
+                f"{what}; its entries: {describe_entries(entries)}.",
+                _example(key, entries),
+            )
+        out[i] = f"{prefix}config.{'.'.join([key, str(found[0]), *rest])}={value}"
+        logger.debug("override %r addresses config.%s.%d", override, key, found[0])
+    return out
+
+
+def _bad_entry_error(overrides: Sequence[str], compose_fn: Any) -> ConfigError | None:
+    """The error of an override whose list index is out of range, or whose entry has no
+    such argument (naming what is at each index); None when no override is one."""
+    for override in overrides:
+        m = _OVERRIDE_PARTS.match(override)
+        step = _list_step(m.group("path")) if m else None
+        if not m or not step or not step[1].lstrip("-").isdigit():
+            continue
+        key, index_text, rest = step
+        try:
+            base = compose_fn([o for o in overrides if o != override])
+        except Exception:
+            continue
+        entries = _plain_list(base, key)
+        if entries is None:
+            continue
+        index = int(index_text)
+        example = _example(key, entries)
+        if not 0 <= index < len(entries):
+            return _entry_error(
+                override,
+                key,
+                f"config.{key} has {len(entries)} entries, so there is no index {index}; "
+                f"its entries: {describe_entries(entries)}.",
+                example,
+            )
+        args = _entry_args(entries[index])
+        if (
+            rest
+            and not rest[0].isdigit()
+            and rest[0] not in args
+            and rest[0] != "name"
+            and "+" not in m.group("prefix")
+        ):
+            name = _entry_name(entries[index]) or "this entry"
+            return _entry_error(
+                override,
+                key,
+                f"config.{key}.{index} is {name}, which does not set {rest[0]!r} (it sets "
+                f"{sorted(args) or 'no arguments'}); its entries: {describe_entries(entries)}.",
+                example,
+            )
+    return None
+
+
 def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
     """Compose the defaults with ``config=NAME``, ``+config/group/sub=file`` and overrides.
+
+    ``config=NAME`` is looked up in the configs shipped with vissl, then in
+    ``./configs/config`` of the current folder (see :func:`config_search_dirs`).
 
     Raises:
         ConfigError: no ``config=``, a config name that does not exist, or an override of
             an unknown key (with the closest valid key).
     """
     overrides = _open_mapping_overrides(overrides)
+    if not any(o.lstrip("+~").startswith("hydra.searchpath") for o in overrides):
+        overrides = [*overrides, *_search_path_override()]
+    overrides = _resolve_named_entries(overrides, _compose)
+    return _compose(overrides, explain_entries=True)
+
+
+def _compose(overrides: Sequence[str], explain_entries: bool = False) -> DictConfig:
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     try:
@@ -160,12 +380,15 @@ def compose_hydra_configuration(overrides: Sequence[str]) -> DictConfig:
             # `file://configs` is only there when running from a checkout; not an error.
             warnings.filterwarnings("ignore", message=r"provider=hydra.searchpath.*not available")
             with initialize_config_module(config_module="vissl.config", version_base=None):
-                return compose("defaults", overrides=overrides)
+                return compose("defaults", overrides=list(overrides))
     except MissingConfigException as err:
         raise _missing_config_error(err, overrides) from None
     except yaml.YAMLError as err:
         raise _yaml_error(err) from None
     except (ConfigCompositionException, MissingMandatoryValue) as err:
+        entry = _bad_entry_error(overrides, _compose) if explain_entries else None
+        if entry is not None:
+            raise entry from None
         unknown = _unknown_override(overrides, err) or _unknown_override(
             overrides, err.__cause__ or err
         )

@@ -8,6 +8,14 @@ import sys
 
 _FORMAT = "%(levelname)s %(asctime)s %(name)s:%(lineno)d] %(message)s"
 
+#: ``logger.info(..., extra={CONSOLE: False})``: the record goes to ``log.txt`` only (a
+#: per-phase table the console does not need every epoch).
+CONSOLE = "vissl_console"
+
+
+def _for_console(record: logging.LogRecord) -> bool:
+    return bool(getattr(record, CONSOLE, True))
+
 
 class _TqdmAwareHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes log lines through an active tqdm progress bar without garbling it.
@@ -63,8 +71,36 @@ class _SharedFormatter(logging.Formatter):
         return text
 
 
-def setup_logging(output_dir: str | None, rank: int = 0, verbose: bool = False) -> logging.Logger:
-    """Configure the ``vissl`` logger for this process (idempotent)."""
+class _PendingLogFile(logging.Handler):
+    """Holds the records meant for ``log.txt`` until :func:`start_log_file` writes them.
+
+    A resumed run must not touch its folder before the checkpoint is known to fit (the
+    folder may hold another model's run); the console shows the records meanwhile.
+    """
+
+    def __init__(self, path: str, formatter: logging.Formatter) -> None:
+        super().__init__()
+        self.path = path
+        self.setFormatter(formatter)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def setup_logging(
+    output_dir: str | None, rank: int = 0, verbose: bool = False, defer_file: bool = False
+) -> logging.Logger:
+    """Configure the ``vissl`` logger for this process (idempotent).
+
+    Args:
+        output_dir: the folder of ``log.txt`` (rank 0 only); None: console only.
+        rank: this process's global rank (others log warnings and errors only).
+        verbose: debug records too.
+        defer_file: hold ``log.txt``'s records in memory until :func:`start_log_file`
+            (dropped if it is never called): a resume writes nothing in its folder before
+            its checkpoint is known to fit.
+    """
     logger = logging.getLogger("vissl")
     for handler in list(logger.handlers):
         if getattr(handler, "_vissl", False):
@@ -76,15 +112,44 @@ def setup_logging(output_dir: str | None, rank: int = 0, verbose: bool = False) 
     stream = _TqdmAwareHandler(sys.stdout)
     stream.setLevel(logging.DEBUG if verbose else logging.INFO if rank == 0 else logging.WARNING)
     stream.setFormatter(fmt)
+    stream.addFilter(_for_console)
     stream._vissl = True  # type: ignore[attr-defined]
     logger.addHandler(stream)
     if output_dir and rank == 0:
-        os.makedirs(output_dir, exist_ok=True)
-        file_handler = logging.FileHandler(os.path.join(output_dir, "log.txt"), encoding="utf-8")
-        file_handler.setFormatter(fmt)
-        file_handler._vissl = True  # type: ignore[attr-defined]
-        logger.addHandler(file_handler)
+        path = os.path.join(output_dir, "log.txt")
+        if defer_file:
+            pending = _PendingLogFile(path, fmt)
+            pending._vissl = True  # type: ignore[attr-defined]
+            logger.addHandler(pending)
+        else:
+            _add_file_handler(logger, path, fmt)
     return logger
+
+
+def _add_file_handler(logger: logging.Logger, path: str, fmt: logging.Formatter) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    file_handler = logging.FileHandler(path, encoding="utf-8")
+    file_handler.setFormatter(fmt)
+    file_handler._vissl = True  # type: ignore[attr-defined]
+    logger.addHandler(file_handler)
+
+
+def start_log_file() -> bool:
+    """Open the ``log.txt`` that :func:`setup_logging` deferred, and write the records
+    held so far into it; whether there was one to open."""
+    logger = logging.getLogger("vissl")
+    started = False
+    for handler in list(logger.handlers):
+        if isinstance(handler, _PendingLogFile):
+            logger.removeHandler(handler)
+            formatter = handler.formatter or logging.Formatter(_FORMAT)
+            _add_file_handler(logger, handler.path, formatter)
+            new = logger.handlers[-1]
+            for record in handler.records:
+                new.handle(record)
+            handler.close()
+            started = True
+    return started
 
 
 def shutdown_logging() -> None:
@@ -92,6 +157,6 @@ def shutdown_logging() -> None:
     for handler in list(logger.handlers):
         if getattr(handler, "_vissl", False):
             handler.flush()
-            if isinstance(handler, logging.FileHandler):
+            if isinstance(handler, logging.FileHandler | _PendingLogFile):
                 logger.removeHandler(handler)
                 handler.close()

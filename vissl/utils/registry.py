@@ -83,6 +83,8 @@ class Registry(Generic[T]):
         self.base = base
         self._entries: dict[str, _Entry[T]] = {}
         self._fallbacks: list[Callable[[str], T | None]] = []
+        # name lists of the fallbacks, and what each accepts, for errors
+        self._fallback_names: list[tuple[Callable[[], list[str]], str]] = []
         _ALL_REGISTRIES.setdefault(name, self)
 
     # ------------------------------------------------------------------ registration
@@ -141,12 +143,26 @@ class Registry(Generic[T]):
                 )
         self._entries[key] = _Entry(obj, module, qualname, source)
 
-    def add_fallback(self, resolver: Callable[[str], T | None]) -> None:
+    def add_fallback(
+        self,
+        resolver: Callable[[str], T | None],
+        names: Callable[[], list[str]] | None = None,
+        description: str = "",
+    ) -> None:
         """Add a resolver consulted for names that are not registered.
 
         Used e.g. to accept every torchvision transform or torch loss by name.
+
+        Args:
+            resolver: ``name -> object`` or None.
+            names: the names the resolver accepts (for the closest-name suggestion of an
+                unknown name; a misspelt torchvision transform is suggested its own name).
+            description: what the resolver accepts, named in the unknown-name error
+                (e.g. ``"every torchvision.transforms class"``).
         """
         self._fallbacks.append(resolver)
+        if names is not None:
+            self._fallback_names.append((names, description))
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (mostly for tests)."""
@@ -170,13 +186,23 @@ class Registry(Generic[T]):
 
     def unknown_message(self, name: object) -> str:
         names = sorted(self._entries)
-        close = closest_match(str(name), names)
+        accepted = list(names)
+        also = []
+        for list_names, description in self._fallback_names:
+            try:
+                accepted.extend(list_names())
+            except Exception:  # (a fallback's library missing: suggest the others)
+                continue
+            if description:
+                also.append(description)
+        close = closest_match(str(name), accepted)
         where = f" (set by {self.config_key})" if self.config_key else ""
         hint = f" Did you mean {close!r}?" if close else ""
+        plus = f", and {' and '.join(also)}" if also else ""
         return (
             f"Unknown {self.name} {name!r}{where} in the {self.name!r} registry.{hint} "
-            f"Registered names: {names}. If it is your own plugin, make sure the module "
-            "that registers it is imported, e.g. by listing it in config.IMPORTS."
+            f"Registered names: {names}{plus}. If it is your own plugin, make sure the "
+            "module that registers it is imported, e.g. by listing it in config.IMPORTS."
         )
 
     def __contains__(self, name: object) -> bool:

@@ -12,19 +12,7 @@ from typing import Any
 
 from vissl.utils.registry import Registry
 
-
-class _TransformRegistry(Registry[Any]):
-    """A registry whose unknown-name error also points at torchvision."""
-
-    def unknown_message(self, name: object) -> str:
-        return (
-            super().unknown_message(name)
-            + " Any class of torchvision.transforms (e.g. 'RandomResizedCrop') is "
-            "accepted by name as well."
-        )
-
-
-TRANSFORM_REGISTRY: Registry[Any] = _TransformRegistry(
+TRANSFORM_REGISTRY: Registry[Any] = Registry(
     "transform", config_key="config.DATA.<split>.TRANSFORMS[].name"
 )
 
@@ -42,7 +30,23 @@ def _torchvision_transform(name: str) -> Any:
     return None
 
 
-TRANSFORM_REGISTRY.add_fallback(_torchvision_transform)
+def _torchvision_transform_names() -> list[str]:
+    import torchvision.transforms as tv_transforms
+
+    return sorted(
+        name
+        for name, obj in vars(tv_transforms).items()
+        if isinstance(obj, type)
+        and obj.__module__.startswith("torchvision.")
+        and not name.startswith("_")
+    )
+
+
+TRANSFORM_REGISTRY.add_fallback(
+    _torchvision_transform,
+    _torchvision_transform_names,
+    "every class of torchvision.transforms (e.g. 'RandomResizedCrop') by name",
+)
 
 
 def register_transform(name: str) -> Any:
