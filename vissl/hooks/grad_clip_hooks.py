@@ -15,10 +15,13 @@ Three rules (``MODEL.GRAD_CLIP.MODE``), each scaling a set of gradients by
 clips ``encoder.parameters()``, not the prototypes: ``[prototypes]``); their gradients are
 neither counted nor scaled.
 
-Cost: the parameter sets are built once per phase (and again if the task's model is
-replaced); each step reads the gradients of that list, computes every norm with
-``torch._foreach_norm`` and scales with ``torch._foreach_mul_``, without reading a value
-back to the host. Under fp16 the gradients are unscaled first. Under FSDP2
+Cost: the parameter sets are built once per phase, and again when the task's model or
+optimizer is replaced or its param groups change size (a signature read from the groups
+each step, without walking the module tree); each step reads the gradients of that list,
+computes every norm with ``torch._foreach_norm`` and scales with ``torch._foreach_mul_``,
+without reading a value back to the host and without a Python frame per parameter (the
+layout of a pattern of present gradients, whether any is a DTensor, one device, float32,
+is worked out once and kept). Under fp16 the gradients are unscaled first. Under FSDP2
 (``self_supervision_fsdp_task``) a gradient is a sharded DTensor: its norm is that of the
 whole tensor (the ranks' local norms combined by one all-reduce per step), so every rank
 scales alike and the result equals one process's.
@@ -27,8 +30,11 @@ scales alike and the result equals one process's.
 from __future__ import annotations
 
 import difflib
+import itertools
 import logging
 import math
+import operator
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -112,24 +118,44 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Plan:
-    """The clipped parameters of one model, in set order (set ``s`` is ``params`` between
-    ``starts[s]`` and ``starts[s + 1]``), and the per-step layouts by which of them have a
-    gradient."""
+    """The clipped parameters of one model, in set order (``group_of[i]`` is the set of
+    ``params[i]``), and the per-step layouts by which of them have a gradient."""
 
-    model_id: int
+    model: weakref.ReferenceType[nn.Module]
     params: list[nn.Parameter]
     group_of: list[int]
     names: list[str]
+    #: what the plan was built for besides the model (:func:`_signature`)
+    signature: tuple[Any, ...] = ()
     steps: dict[tuple[bool, ...], _StepLayout] = field(default_factory=dict)
 
 
 @dataclass
 class _StepLayout:
-    """For one pattern of present gradients: the sets' sizes, and the positions of the
-    sharded gradients by their shard process groups."""
+    """For one pattern of present gradients: the sets' sizes, the positions of the
+    sharded gradients by their shard process groups, and what the step may skip: the
+    local shard of each gradient (none is a DTensor), moving the norms to one device
+    (all on one already), casting them to float32 (they are)."""
 
     counts: list[int]
     sharded: list[tuple[tuple[Any, ...], torch.Tensor]]
+    local: bool = True
+    one_device: bool = False
+    float32: bool = False
+
+
+_NONES = itertools.repeat(None)
+_PARAMS = operator.itemgetter("params")
+
+
+def _signature(optimizer: Any) -> tuple[Any, ...]:
+    """A cheap fingerprint of the optimizer's parameters (C calls only, no Python frame per
+    group or parameter): its identity and each group's size. A task that replaces its
+    optimizer or the params of a group (FSDP wrapping, a new param group) gets a new plan."""
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None:
+        return (id(optimizer),)
+    return (id(optimizer), *map(len, map(_PARAMS, groups)))
 
 
 class GradClipHook(VisslHook):
@@ -201,8 +227,13 @@ class GradClipHook(VisslHook):
         )
 
     # ------------------------------------------------------------------ the sets
-    def build(self, model: nn.Module) -> None:
-        """Build the clipped parameter sets of ``model`` (checks MODULES / EXCLUDE_PARAMS)."""
+    def build(self, model: nn.Module, signature: tuple[Any, ...] = ()) -> None:
+        """Build the clipped parameter sets of ``model`` (checks MODULES / EXCLUDE_PARAMS);
+        ``signature`` is the optimizer's (:func:`_signature`) the plan is valid for."""
+        self._plan = self._make_plan(model)
+        self._plan.signature = signature
+
+    def _make_plan(self, model: nn.Module) -> _Plan:
         named = list(model.named_parameters())
         unused = [s for s in self.exclude_params if not any(s in n for n, _ in named)]
         if unused:
@@ -215,8 +246,7 @@ class GradClipHook(VisslHook):
         kept = [(n, p) for n, p in named if not any(s in n for s in self.exclude_params)]
         if self.mode != "per_module":
             group_of = list(range(len(kept))) if self.mode == "per_parameter" else [0] * len(kept)
-            self._plan = _Plan(id(model), [p for _, p in kept], group_of, [n for n, _ in kept])
-            return
+            return _Plan(weakref.ref(model), [p for _, p in kept], group_of, [n for n, _ in kept])
         modules = list(self.modules) or default_clip_modules(model)
         choices = default_clip_modules(model)
         for name in modules:
@@ -257,20 +287,34 @@ class GradClipHook(VisslHook):
                 f"{_KEY}.MODULES",
             )
         flat = [(g, n, p) for g, group in enumerate(by_group) for n, p in group]
-        self._plan = _Plan(
-            id(model), [p for _, _, p in flat], [g for g, _, _ in flat], [n for _, n, _ in flat]
-        )
         logger.info(
             "GradClipHook: per_module, one norm for each of %s (%s tensors)",
             modules,
             [len(g) for g in by_group],
         )
+        return _Plan(
+            weakref.ref(model),
+            [p for _, _, p in flat],
+            [g for g, _, _ in flat],
+            [n for _, n, _ in flat],
+        )
 
     def on_start(self, task: SelfSupervisionTask) -> None:
-        self.build(task.base_model)
+        self.build(task.base_model, _signature(task.optimizer))
 
     def on_phase_start(self, task: SelfSupervisionTask) -> None:
-        self.build(task.base_model)
+        self.build(task.base_model, _signature(task.optimizer))
+
+    def _current_plan(self, task: SelfSupervisionTask) -> _Plan:
+        """The plan of the task's model and optimizer, rebuilt when either changed."""
+        model = task.base_model
+        plan = self._plan
+        signature = _signature(task.optimizer)
+        if plan is None or plan.model() is not model or plan.signature != signature:
+            self.build(model, signature)
+            plan = self._plan
+            assert plan is not None
+        return plan
 
     def _layout(self, plan: _Plan, present: tuple[bool, ...], grads: list[Any]) -> _StepLayout:
         layout = plan.steps.get(present)
@@ -287,15 +331,27 @@ class GradClipHook(VisslHook):
                 by_key.setdefault(key, []).append(i)
         device = grads[0].device
         sharded = [(k, torch.tensor(v, device=device)) for k, v in by_key.items()]
-        layout = _StepLayout([c for c in counts if c], sharded)
+        locals_ = [_local(g) for g in grads]
+        layout = _StepLayout(
+            [c for c in counts if c],
+            sharded,
+            local=any(x is not g for x, g in zip(locals_, grads, strict=True)),
+            one_device=all(x.device == locals_[0].device for x in locals_),
+            float32=all(x.dtype == torch.float32 for x in locals_),
+        )
         plan.steps[present] = layout
         return layout
 
     def _norms(self, locals_: list[torch.Tensor], layout: _StepLayout) -> torch.Tensor:
         """The norm of each whole gradient, float32, shape (len(locals_),)."""
         p = self.norm_type
-        device = locals_[0].device
-        norms = torch.stack([n.to(device) for n in torch._foreach_norm(locals_, p)]).float()
+        norms_ = torch._foreach_norm(locals_, p)
+        if not layout.one_device:
+            device = locals_[0].device
+            norms_ = [n.to(device) for n in norms_]
+        norms = torch.stack(norms_)
+        if not layout.float32:
+            norms = norms.float()
         for groups, index in layout.sharded:
             # the whole tensor's norm from the shards': max for inf, (sum |n_r|^p)^(1/p)
             part = norms.index_select(0, index)
@@ -316,23 +372,20 @@ class GradClipHook(VisslHook):
     # ------------------------------------------------------------------ the step
     def on_backward(self, task: SelfSupervisionTask) -> None:
         task.precision.unscale_(task.optimizer)
-        model = task.base_model
-        plan = self._plan
-        if plan is None or plan.model_id != id(model):
-            self.build(model)
-            plan = self._plan
-            assert plan is not None
+        plan = self._current_plan(task)
         if self.mode == "global":
             params = [p for p in plan.params if p.grad is not None]
             if params:
                 torch.nn.utils.clip_grad_norm_(params, self.max_norm, norm_type=self.norm_type)
             return
-        present = tuple(p.grad is not None for p in plan.params)
-        grads = [p.grad for p in plan.params if p.grad is not None]
+        # (C-level iteration only: no Python frame per parameter)
+        every = [p.grad for p in plan.params]
+        present = tuple(map(operator.is_not, every, _NONES))
+        grads: list[Any] = every if all(present) else list(itertools.compress(every, present))
         if not grads:
             return
         layout = self._layout(plan, present, grads)
-        locals_ = [_local(g) for g in grads]
+        locals_ = [_local(g) for g in grads] if layout.local else grads
         norms = self._norms(locals_, layout)
         if self.mode == "per_parameter":
             coefficients = self._coefficient(norms)
