@@ -345,7 +345,7 @@ class GradClipHook(VisslHook):
     def _norms(self, locals_: list[torch.Tensor], layout: _StepLayout) -> torch.Tensor:
         """The norm of each whole gradient, float32, shape (len(locals_),)."""
         p = self.norm_type
-        norms_: Sequence[torch.Tensor] = torch._foreach_norm(locals_, p)
+        norms_ = list(torch._foreach_norm(locals_, p))
         if not layout.one_device:
             device = locals_[0].device
             norms_ = [n.to(device) for n in norms_]
