@@ -78,8 +78,9 @@ class Recorder(VisslHook):
         )
 
     def on_forward(self, task: Any) -> None:
-        self.temps.append((task.iteration, task.loss.teacher_temp))
-        self.teacher_outputs.append(task.loss.teacher_output.detach().clone())
+        inputs = task.last_batch.loss_inputs
+        self.temps.append((task.iteration, inputs["teacher_temp"]))
+        self.teacher_outputs.append(inputs["teacher_output"].detach().clone())
         self.student_modes.append(task.base_model.training)
 
     def on_update(self, task: Any) -> None:
@@ -177,7 +178,7 @@ def _warnings(caplog, mean: float, train: bool = True) -> list[str]:
     hook = DINOHook(DINOLoss(output_dim=64, teacher_temp_warmup_iters=0))
     task = SimpleNamespace(train=train, phase_idx=3, phase_average_loss=lambda: mean)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="vissl.hooks.dino_hooks"):
+    with caplog.at_level(logging.WARNING, logger="vissl.hooks.momentum_teacher_hook"):
         hook.on_phase_end(task)
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 

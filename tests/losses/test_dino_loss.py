@@ -75,8 +75,7 @@ def make_loss(num_crops: int = 4, crops: list[int] | None = None, dim: int = 6, 
 
 
 def _forward(loss: DINOLoss, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    loss.teacher_output = teacher
-    return loss(student)
+    return loss(student, teacher_output=teacher)
 
 
 # ----------------------------------------------------------------------------- formula
@@ -126,11 +125,20 @@ def test_gradient_reaches_the_student_only() -> None:
     assert torch.allclose(student.grad.sum(dim=1), torch.zeros(8), atol=1e-6)
 
 
-def test_teacher_output_is_consumed_once() -> None:
+def test_a_call_without_the_teacher_output_says_how_to_pass_it() -> None:
     loss = make_loss(2, [0, 1])
     _forward(loss, torch.randn(4, 6), torch.randn(4, 6))
-    with pytest.raises(RuntimeError, match="no teacher output"):
+    with pytest.raises(TypeError, match="teacher_output="):
         loss(torch.randn(4, 6))
+
+
+def test_the_teacher_temperature_passed_to_forward_is_used() -> None:
+    torch.manual_seed(1)
+    loss = make_loss(4, [0, 1])
+    student, teacher = torch.randn(12, 6), torch.randn(6, 6)
+    got = loss(student, teacher_output=teacher, teacher_temp=0.07).item()
+    assert got == pytest.approx(ref_dino(student, teacher, torch.zeros(6), 4, [0, 1], tau_t=0.07))
+    assert loss.teacher_temp == loss.teacher_temp_min  # nothing is kept on the loss
 
 
 # ----------------------------------------------------------------------------- center
@@ -351,9 +359,8 @@ def test_bad_numbers_name_their_key(key: str, value: Any) -> None:
 
 def test_output_dim_that_is_not_the_models_output_width() -> None:
     loss = make_loss(2, [0, 1], dim=64)
-    loss.teacher_output = torch.randn(4, 32)
     with pytest.raises(ConfigError, match="output_dim") as err:
-        loss(torch.randn(4, 32))
+        loss(torch.randn(4, 32), teacher_output=torch.randn(4, 32))
     assert err.value.key_path == f"{KEY}.output_dim"
 
 

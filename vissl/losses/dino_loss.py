@@ -16,13 +16,20 @@ over every rank divided by the true number of rows (all-reduced), so ranks with 
 batches are weighed correctly. The teacher's parameters follow the student's after every
 optimizer step, ``teacher = m * teacher + (1 - m) * student``, with ``m`` on a cosine
 from ``momentum`` to 1 over the whole training
-(:class:`~vissl.hooks.dino_hooks.DINOHook`).
+(:class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook`).
 
 The teacher is a separate module made once from the model (``bind_model``, before DDP
 wraps or ``torch.compile`` compiles the student), with no gradients, never given to the
 optimizer. It runs in eval mode (no dropout or drop path) except its BatchNorm layers,
 which use the batch statistics as DINO's teacher does. The teacher and the center are in
 the loss's ``state_dict``, hence in checkpoints, and resume exactly.
+
+The loss takes what it needs as arguments, so it runs without the trainer::
+
+    loss = DINOLoss(output_dim=K, num_crops=V, crops_for_teacher=[0, 1])
+    value = loss(student_logits, teacher_output=teacher_logits, teacher_temp=0.04)
+
+``teacher_logits`` are the teacher's on the crops of ``crops_for_teacher``, crop-major.
 """
 
 from __future__ import annotations
@@ -33,18 +40,16 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 from vissl.errors import ConfigError
-from vissl.hooks.dino_hooks import DINOHook, single_tensor
-from vissl.hooks.dino_hooks import teacher_temperature as teacher_temperature  # re-export
 from vissl.losses import register_loss
 from vissl.losses.config_inference import find_head_params, transform_num_crops
+from vissl.losses.self_distillation import SelfDistillationLoss, pairwise_cls_cross_entropy
+from vissl.models.center import Center
+from vissl.models.momentum import TeacherStep
 from vissl.models.momentum import cosine_momentum as cosine_momentum  # re-export
-from vissl.models.momentum import momentum_copy
-from vissl.utils.distributed import get_world_size
+from vissl.models.momentum import set_teacher_mode as set_teacher_mode  # re-export
 
 logger = logging.getLogger(__name__)
 
@@ -77,16 +82,28 @@ def _int(value: Any, key: str, minimum: int) -> int:
     return value
 
 
-def set_teacher_mode(teacher: nn.Module) -> None:
-    """Eval mode (no dropout, no drop path) except BatchNorm, which uses batch statistics."""
-    teacher.eval()
-    for module in teacher.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            module.train()
+def teacher_temperature(iteration: int, temp_min: float, temp_max: float, warmup: int) -> float:
+    """DINO's teacher temperature: linear from ``temp_min`` to ``temp_max`` over ``warmup``."""
+    if warmup <= 0 or iteration >= warmup:
+        return temp_max
+    return temp_min + (temp_max - temp_min) * iteration / warmup
+
+
+def single_tensor(output: Any, what: str) -> torch.Tensor:
+    """The one tensor of a model output (a tensor, or lists of one element around it)."""
+    while not isinstance(output, torch.Tensor):
+        items = list(output)
+        if len(items) != 1:
+            raise ValueError(
+                f"dino_loss expects one output tensor from {what} (one head chain ending in "
+                f"a dino_head), got {len(items)} outputs."
+            )
+        output = items[0]
+    return output
 
 
 @register_loss("dino_loss")
-class DINOLoss(nn.Module):
+class DINOLoss(SelfDistillationLoss):
     """DINO loss with its teacher and center (see the module docstring).
 
     Args:
@@ -115,8 +132,7 @@ class DINOLoss(nn.Module):
         output_dim: int = 65536,
         num_crops: int = 2,
     ) -> None:
-        super().__init__()
-        self.momentum = _unit(momentum, "momentum")
+        super().__init__(_unit(momentum, "momentum"))
         self.student_temp = _positive(student_temp, "student_temp")
         self.teacher_temp_min = _positive(teacher_temp_min, "teacher_temp_min")
         self.teacher_temp_max = _positive(teacher_temp_max, "teacher_temp_max")
@@ -144,10 +160,9 @@ class DINOLoss(nn.Module):
         self.crops_for_teacher = crops
         self.register_buffer("center", torch.zeros(1, self.output_dim))
         self.center: torch.Tensor
-        self.teacher: nn.Module | None = None
-        #: The teacher's output on ``crops_for_teacher`` for this batch (set by DINOHook).
-        self.teacher_output: torch.Tensor | None = None
-        #: The teacher temperature of this batch (set by DINOHook from the iteration).
+        #: the EMA of the teacher's outputs (DINO's in-place form, see Center)
+        self.centering = Center(self, "center", self.ema_center, "scale_add")
+        #: ``forward``'s teacher temperature when none is passed
         self.teacher_temp = self.teacher_temp_min
 
     @classmethod
@@ -205,19 +220,27 @@ class DINOLoss(nn.Module):
             num_crops=params.get("num_crops", 2),
         )
 
-    def bind_model(self, model: nn.Module) -> None:
-        """Make the teacher: a frozen copy of ``model`` (the plain module, not DDP)."""
-        self.teacher = momentum_copy(model)
-        set_teacher_mode(self.teacher)
+    #: how to leave a collapse (MomentumTeacherHook's warning at ln(output_dim))
+    collapse_hint = (
+        "Try a lower teacher temperature (LOSS.dino_loss.teacher_temp_max), a higher center "
+        "momentum (LOSS.dino_loss.ema_center), a lower learning rate or a longer warm-up."
+    )
 
-    def train(self, mode: bool = True) -> DINOLoss:
-        super().train(mode)
-        if self.teacher is not None:
-            set_teacher_mode(self.teacher)
-        return self
+    def teacher_temp_at(self, iteration: int) -> float:
+        """The teacher temperature after ``iteration`` optimizer steps."""
+        return teacher_temperature(
+            iteration, self.teacher_temp_min, self.teacher_temp_max, self.teacher_temp_warmup_iters
+        )
 
-    def required_hooks(self) -> list[Any]:
-        return [DINOHook(self)]
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The teacher's output on the crops of ``crops_for_teacher`` and the temperature."""
+        teacher = self.momentum_teacher
+        assert teacher is not None
+        out = teacher(self.teacher_input(sample["input"]))
+        return {
+            "teacher_output": single_tensor(out, "the teacher"),
+            "teacher_temp": self.teacher_temp_at(step.iteration),
+        }
 
     @property
     def uniform_loss(self) -> float:
@@ -239,22 +262,26 @@ class DINOLoss(nn.Module):
             )
         return [crops[c] for c in self.crops_for_teacher]
 
-    @torch.no_grad()
     def update_center(self, teacher_output: torch.Tensor) -> None:
         """EMA of the center towards the mean teacher row over every rank's rows."""
-        rows = teacher_output.float()
-        stats = torch.cat([rows.sum(dim=0), rows.new_full((1,), float(rows.shape[0]))], dim=0)
-        if get_world_size() > 1:
-            dist.all_reduce(stats)
-        batch_center = (stats[:-1] / stats[-1]).unsqueeze(0)
-        self.center.mul_(self.ema_center).add_(batch_center, alpha=1.0 - self.ema_center)
+        self.centering.update(teacher_output.float())
 
-    def forward(self, output: Any, target: Any = None) -> torch.Tensor:
+    def forward(
+        self,
+        output: Any,
+        target: Any = None,
+        *,
+        teacher_output: torch.Tensor | None = None,
+        teacher_temp: float | None = None,
+    ) -> torch.Tensor:
         """Cross entropy of the student's crops against the teacher's; ``target`` unused.
 
         Args:
             output: the student's logits ``(num_crops * B, output_dim)`` (or a list of it).
             target: unused.
+            teacher_output: the teacher's logits on the crops of ``crops_for_teacher``,
+                ``(len(crops_for_teacher) * B, output_dim)``, crop-major.
+            teacher_temp: the teacher temperature (default: ``teacher_temp_min``).
         """
         output = single_tensor(output, "the model")
         if output.ndim != 2 or output.shape[1] != self.output_dim:
@@ -263,14 +290,7 @@ class DINOLoss(nn.Module):
                 f"{tuple(output.shape)}; set it to the dino_head's num_clusters.",
                 f"{_KEY}.output_dim",
             )
-        teacher = self.teacher_output
-        if teacher is None:
-            raise RuntimeError(
-                "dino_loss has no teacher output for this batch: DINOHook (declared in "
-                "required_hooks) sets it on_forward; when calling the loss by hand, set "
-                "loss.teacher_output first."
-            )
-        self.teacher_output = None
+        teacher = self.given_teacher_output(teacher_output, "dino_loss")
         if output.shape[0] % self.num_crops != 0:
             raise ValueError(
                 f"dino_loss: {output.shape[0]} rows are not {self.num_crops} crops of one batch."
@@ -283,21 +303,17 @@ class DINOLoss(nn.Module):
                 f"crops of {batch} samples."
             )
         teacher = teacher.detach().float()
-        student_logp = F.log_softmax(output.float() / self.student_temp, dim=-1).chunk(
-            self.num_crops
+        tau = self.teacher_temp if teacher_temp is None else float(teacher_temp)
+        targets = self.centering.apply(teacher, tau).chunk(n_teacher)
+        loss = pairwise_cls_cross_entropy(
+            targets,
+            output.float().chunk(self.num_crops),
+            self.student_temp,
+            self.crops_for_teacher,
         )
-        targets = F.softmax((teacher - self.center) / self.teacher_temp, dim=-1).chunk(n_teacher)
-        total = output.new_zeros((), dtype=torch.float32)
-        terms = 0
-        for t_index, crop in enumerate(self.crops_for_teacher):
-            for view in range(self.num_crops):
-                if view == crop:
-                    continue
-                total = total - (targets[t_index] * student_logp[view]).sum(dim=-1).mean()
-                terms += 1
         if self.training:
             self.update_center(teacher)
-        return total / terms
+        return loss
 
     def extra_repr(self) -> str:
         return (

@@ -23,15 +23,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.swav_common import distributed_sinkhorn
-from vissl.utils.distributed import all_reduce_sum
+from vissl.models.momentum import (
+    MomentumTeacher,
+    MomentumTeacherOwner,
+    TeacherStep,
+    build_momentum_schedule,
+    schedule_position,
+)
+from vissl.models.center import Center, ema_center_, global_row_sum_and_count
 
 __all__ = [
     "GLOBAL_VIEWS",
+    "Center",
+    "SelfDistillationLoss",
     "LOCAL_VIEWS",
     "MASK",
     "MaskedDistillationOutput",
@@ -55,37 +65,6 @@ COLLATOR = "ibot_multicrop_masking_collator"
 
 
 # --------------------------------------------------------------------------- targets
-@torch.no_grad()
-def global_row_sum_and_count(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sum of the rows, number of rows)`` over every rank, in float32 (one all-reduce).
-
-    Args:
-        rows: ``(N, D)`` on this rank (N may be 0).
-    """
-    rows = rows.detach().float()
-    stats = torch.cat([rows.sum(dim=0), rows.new_full((1,), float(rows.shape[0]))])
-    all_reduce_sum(stats)
-    return stats[:-1], stats[-1]
-
-
-@torch.no_grad()
-def ema_center_(center: torch.Tensor, rows: torch.Tensor, momentum: float) -> None:
-    """``center = momentum * center + (1 - momentum) * mean of rows over the GLOBAL batch``.
-
-    The mean is the sum over every rank divided by the true number of rows (ranks may hold
-    different numbers); with no row anywhere the center stays (no host read decides it).
-
-    Args:
-        center: the buffer, any shape of ``D`` elements (updated in place).
-        rows: ``(N, D)`` teacher outputs of this rank.
-        momentum: the EMA factor.
-    """
-    total, count = global_row_sum_and_count(rows)
-    mean = (total / count.clamp(min=1.0)).reshape(center.shape)
-    updated = center * momentum + mean * (1.0 - momentum)
-    center.copy_(torch.where(count > 0, updated, center))
-
-
 def soft_cross_entropy(
     targets: torch.Tensor, student_logits: torch.Tensor, student_temp: float
 ) -> torch.Tensor:
@@ -139,14 +118,23 @@ def pairwise_cls_cross_entropy(
     targets: Sequence[torch.Tensor],
     student_logits: Sequence[torch.Tensor],
     student_temp: float,
+    teacher_crops: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """DINO's cross entropy: the mean over the pairs (teacher crop q, student crop v != q)
-    of the mean over samples of :func:`soft_cross_entropy`; the teacher crops are the
-    first ``len(targets)`` student crops."""
+    of the mean over samples of :func:`soft_cross_entropy`.
+
+    Args:
+        targets: the teacher's targets, one ``(B, K)`` per teacher crop.
+        student_logits: the student's logits, one ``(B, K)`` per crop.
+        student_temp: the student's temperature.
+        teacher_crops: the student crop each target is of (DINO's ``crops_for_teacher``);
+            None: the first ``len(targets)`` crops.
+    """
+    crops = range(len(targets)) if teacher_crops is None else teacher_crops
     log_probs = [F.log_softmax(s.float() / student_temp, dim=-1) for s in student_logits]
     total = student_logits[0].new_zeros((), dtype=torch.float32)
     terms = 0
-    for q, target in enumerate(targets):
+    for q, target in zip(crops, targets, strict=True):
         for v, log_p in enumerate(log_probs):
             if v != q:
                 total = total - (target.float() * log_p).sum(dim=-1).mean()
@@ -453,17 +441,20 @@ def uniform_entropy(width: int) -> float:
 
 
 # --------------------------------------------------------------------------- base
-class MaskedDistillationLoss(nn.Module):
-    """The teacher side shared by ``ibot_loss`` and ``dinov2_loss``.
+class SelfDistillationLoss(MomentumTeacherOwner, nn.Module):
+    """The teacher side of ``dino_loss``, ``ibot_loss``, ``dinov2_loss`` and ``msn_loss``.
 
-    The teacher is a frozen copy of the model made once (``bind_model``, before DDP wraps
-    or ``torch.compile`` compiles the student), in eval mode except BatchNorm (no drop
-    path, as iBOT's and DINOv2's teachers), driven by :class:`~vissl.hooks.ibot_hooks.IBOTHook`.
-    It is a submodule, so the checkpoints hold it (``teacher.*``) and a resume continues
-    with it.
+    The teacher is a :class:`~vissl.models.momentum.MomentumTeacher`: a frozen copy of
+    the model made once (``bind_model``, before DDP wraps or ``torch.compile`` compiles
+    the student), in eval mode except BatchNorm (no dropout, no drop path), whose EMA
+    factor follows a cosine from ``momentum`` to ``final_momentum``. The copy is the
+    submodule ``teacher``, so the checkpoints hold it (``teacher.*``) and a resume
+    continues with it. In the trainer
+    :class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook` drives it; its
+    output reaches ``forward`` as the ``teacher_output`` argument.
 
     Args:
-        momentum: the teacher's EMA factor at iteration 0 (a cosine to ``final_momentum``).
+        momentum: the teacher's EMA factor at iteration 0.
         final_momentum: the EMA factor at the last iteration.
     """
 
@@ -471,52 +462,56 @@ class MaskedDistillationLoss(nn.Module):
         super().__init__()
         self.momentum = float(momentum)
         self.final_momentum = float(final_momentum)
-        self.teacher: nn.Module | None = None
-        #: The teacher's head output on the global views of this batch (set by IBOTHook).
-        self.teacher_output: list[torch.Tensor] | None = None
+
+    def momentum_schedule(self) -> ParamScheduler:
+        """The cosine from ``momentum`` to ``final_momentum`` (DINO, iBOT, DINOv2, MSN)."""
+        return build_momentum_schedule("cosine", self.momentum, self.final_momentum)
 
     def bind_model(self, model: nn.Module) -> None:
         """Make the teacher: a frozen copy of ``model`` (the plain module, not DDP)."""
-        from vissl.losses.dino_loss import set_teacher_mode
-        from vissl.models.momentum import momentum_copy
+        self.attach_teacher(MomentumTeacher(model, self.momentum_schedule()))
 
-        self.teacher = momentum_copy(model)
-        set_teacher_mode(self.teacher)
+    def teacher_momentum_at(self, iteration: int, max_iteration: int) -> float:
+        """The EMA factor of the update after ``iteration`` of ``max_iteration`` steps."""
+        where = schedule_position(iteration, max_iteration)
+        return self.momentum if where is None else float(self.momentum_schedule()(where))
 
-    def train(self, mode: bool = True) -> MaskedDistillationLoss:
-        super().train(mode)
-        if self.teacher is not None:
-            from vissl.losses.dino_loss import set_teacher_mode
+    @staticmethod
+    def given_teacher_output(teacher_output: Any, loss_name: str) -> Any:
+        """``forward``'s ``teacher_output`` argument, checked to be there."""
+        if teacher_output is None:
+            raise TypeError(
+                f"{loss_name} needs the teacher's output: call loss(output, target, "
+                "teacher_output=teacher(inputs)) (in the trainer MomentumTeacherHook, "
+                "declared in required_hooks, passes it)."
+            )
+        return teacher_output
 
-            set_teacher_mode(self.teacher)
-        return self
 
-    def required_hooks(self) -> list[Any]:
-        from vissl.hooks.ibot_hooks import IBOTHook
-
-        return [IBOTHook(self)]
+class MaskedDistillationLoss(SelfDistillationLoss):
+    """:class:`SelfDistillationLoss` whose teacher sees iBOT's masked multi-crop batch:
+    the unmasked global views (:func:`teacher_global_output`); ``ibot_loss``,
+    ``dinov2_loss`` and ``msn_loss``."""
 
     def run_teacher(self, inputs: Mapping[str, Any]) -> list[torch.Tensor]:
         """The teacher's head output on the unmasked global views."""
         assert self.teacher is not None
         return teacher_global_output(self.teacher, inputs)
 
-    def teacher_momentum_at(self, iteration: int, max_iteration: int) -> float:
-        """``final - (final - momentum) * (cos(pi * t / T) + 1) / 2`` (DINO, iBOT, DINOv2)."""
-        if max_iteration <= 0:
-            return self.momentum
-        progress = min(max(iteration / max_iteration, 0.0), 1.0)
-        weight = (math.cos(math.pi * progress) + 1.0) / 2.0
-        return self.final_momentum - (self.final_momentum - self.momentum) * weight
+    def schedule_inputs(self, step: TeacherStep) -> dict[str, Any]:
+        """The temperatures of ``step`` (``forward``'s keyword arguments)."""
+        return {}
 
-    def take_teacher_output(self, loss_name: str) -> list[torch.Tensor]:
-        """This batch's teacher output (consumed: a second call without a forward raises)."""
-        teacher = self.teacher_output
-        if teacher is None:
-            raise RuntimeError(
-                f"{loss_name} has no teacher output for this batch: IBOTHook (declared in "
-                "required_hooks) sets it on_forward; when calling the loss by hand, set "
-                "loss.teacher_output first."
-            )
-        self.teacher_output = None
+    def set_schedule_position(self, iteration: int, epoch: int) -> None:
+        """Make the temperatures of (``iteration``, ``epoch``) the defaults of ``forward``."""
+        for name, value in self.schedule_inputs(TeacherStep(iteration, epoch)).items():
+            setattr(self, name, value)
+
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The teacher's output on ``sample["input"]`` and the temperatures of ``step``."""
+        return {"teacher_output": self.run_teacher(sample["input"]), **self.schedule_inputs(step)}
+
+    def given_teacher_outputs(self, teacher_output: Any, loss_name: str) -> list[torch.Tensor]:
+        """The teacher's outputs ``[cls, patch, ...]`` passed to ``forward``, detached."""
+        teacher = self.given_teacher_output(teacher_output, loss_name)
         return [t.detach() for t in teacher]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from fvcore.common import param_scheduler as fv
 from torch import nn
 
 __all__ = [
@@ -29,6 +30,10 @@ __all__ = [
     "MOMENTUM_COPY_ATTR",
     "EmaTensors",
     "HostSnapshot",
+    "LinearMomentumScheduler",
+    "MOMENTUM_SCHEDULES",
+    "MomentumTeacher",
+    "build_momentum_schedule",
     "copy_tensors_",
     "cosine_momentum",
     "ema_tensors",
@@ -38,6 +43,8 @@ __all__ = [
     "momentum_copies",
     "momentum_copy",
     "reset_momentum_copy_",
+    "schedule_position",
+    "set_teacher_mode",
 ]
 
 
@@ -383,3 +390,277 @@ def copy_tensors_(target: list[torch.Tensor], source: list[torch.Tensor]) -> Non
     else:
         for t, s in zip(target, source, strict=True):
             t.copy_(s)
+
+
+# --------------------------------------------------------------------------- the teacher
+def set_teacher_mode(teacher: nn.Module) -> None:
+    """Eval mode (no dropout, no drop path) except BatchNorm, which uses batch statistics
+    (the teachers of DINO, iBOT, DINOv2, MSN and I-JEPA)."""
+    teacher.eval()
+    for module in teacher.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.train()
+
+
+class LinearMomentumScheduler(fv.ParamScheduler):
+    """``start + (end - start) * where``: I-JEPA's linear EMA factor.
+
+    Not fvcore's ``LinearParamScheduler`` (the registered ``linear``), which computes
+    ``where * end + (1 - where) * start``: equal in exact arithmetic, but not in the last
+    bit, and the teachers must keep their trained weights bitwise.
+    """
+
+    def __init__(self, start_value: float, end_value: float) -> None:
+        self._start_value = float(start_value)
+        self._end_value = float(end_value)
+
+    def __call__(self, where: float) -> float:
+        return self._start_value + (self._end_value - self._start_value) * where
+
+
+#: The momentum schedules of a :class:`MomentumTeacher`, by name.
+MOMENTUM_SCHEDULES = ("constant", "cosine", "linear")
+
+
+def build_momentum_schedule(
+    name: str, start: float, end: float = 1.0, key: str = "momentum_schedule"
+) -> fv.ParamScheduler:
+    """The EMA factor's schedule over training (``where`` from 0 to 1).
+
+    - ``constant``: ``start`` throughout (MoCo v2, SwAV's momentum encoder);
+    - ``cosine``: the half cosine from ``start`` to ``end`` (DINO, iBOT, DINOv2, MSN,
+      BYOL, MoCo v3), fvcore's ``CosineParamScheduler`` (the registered ``cosine``);
+    - ``linear``: from ``start`` to ``end`` (I-JEPA), :class:`LinearMomentumScheduler`.
+
+    Raises:
+        ConfigError: an unknown ``name`` (naming ``key`` and the valid names).
+    """
+    if name == "constant":
+        return fv.ConstantParamScheduler(float(start))
+    if name == "cosine":
+        return fv.CosineParamScheduler(float(start), float(end))
+    if name == "linear":
+        return LinearMomentumScheduler(start, end)
+    from vissl.errors import ConfigError
+    from vissl.utils.registry import closest_match
+
+    hint = closest_match(str(name), MOMENTUM_SCHEDULES)
+    raise ConfigError(
+        f"{key}: unknown momentum schedule {name!r}"
+        + (f" (did you mean {hint!r}?)" if hint else "")
+        + f"; choose one of {list(MOMENTUM_SCHEDULES)}.",
+        key,
+    )
+
+
+def schedule_position(iteration: int, max_iteration: int) -> float | None:
+    """``iteration / max_iteration`` clamped to [0, 1]; None when the length is unknown
+    (``max_iteration <= 0``: the schedule's start value is used)."""
+    if max_iteration <= 0:
+        return None
+    return min(max(iteration / max_iteration, 0.0), 1.0)
+
+
+class MomentumTeacher(nn.Module):
+    """A frozen EMA copy of a model (the *teacher*) and its momentum schedule.
+
+    The one teacher of every momentum method: DINO, iBOT, DINOv2 and MSN's teacher,
+    MoCo's and SwAV's momentum encoder, BYOL's and MoCo v3's target network, I-JEPA's
+    target encoder (VISSL's names for the same thing). It holds:
+
+    - ``module``: the copy (:func:`momentum_copy`), no gradients, never optimised;
+    - ``schedule``: a ``ParamScheduler`` of the EMA factor at ``where`` in [0, 1]
+      (:func:`build_momentum_schedule`);
+    - ``last_momentum``: the factor of the last :meth:`update` (what is logged).
+
+    ``forward`` runs the copy without gradients; the caller chooses the precision
+    (the trainer runs it under the task's autocast, on inputs already channels-last as
+    the student's). :meth:`update` moves the copy towards the student::
+
+        teacher = m * teacher + (1 - m) * student,   m = schedule(where)
+
+    A loss keeps the copy itself as its submodule (so the checkpoint keys are the copy's,
+    e.g. ``loss.teacher.*``); this object drives it. Usable alone, from a plain loop::
+
+        teacher = MomentumTeacher(model, build_momentum_schedule("cosine", 0.996))
+        with torch.no_grad():
+            t = teacher(x)
+        ...  # the student's step
+        teacher.update(model, where=step / total_steps)
+
+    Args:
+        model: the student (wrappers are seen through), or an existing copy with
+            ``copy=False``.
+        schedule: the EMA factor's schedule (a ``ParamScheduler``, or a float: constant).
+        drop_last_heads: see :func:`momentum_copy` (BYOL, MoCo v3: no predictor).
+        teacher_mode: run the copy in eval mode except BatchNorm (:func:`set_teacher_mode`);
+            otherwise the copy follows ``train()`` / ``eval()`` like any module.
+        copy_buffers: :meth:`update` also copies the student's buffers (SwAV's momentum
+            encoder normalises with the model's BatchNorm statistics).
+        copy: make a copy of ``model``; False: ``model`` is already the copy.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        schedule: fv.ParamScheduler | float,
+        *,
+        drop_last_heads: int = 0,
+        teacher_mode: bool = True,
+        copy_buffers: bool = False,
+        copy: bool = True,
+    ) -> None:
+        super().__init__()
+        self.module = momentum_copy(model, drop_last_heads) if copy else model
+        self.schedule = (
+            schedule
+            if isinstance(schedule, fv.ParamScheduler)
+            else fv.ConstantParamScheduler(float(schedule))
+        )
+        self.teacher_mode = bool(teacher_mode)
+        self.copy_buffers = bool(copy_buffers)
+        self.last_momentum = float(self.schedule(0.0))
+        self._tensors: EmaTensors | None = None
+        self._paired_with: tuple[weakref.ref[nn.Module], weakref.ref[nn.Module]] | None = None
+        if self.teacher_mode:
+            set_teacher_mode(self.module)
+
+    def train(self, mode: bool = True) -> MomentumTeacher:
+        super().train(mode)
+        if self.teacher_mode:
+            set_teacher_mode(self.module)
+        return self
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The copy's output, without gradients."""
+        with torch.no_grad():
+            return self.module(*args, **kwargs)
+
+    def momentum_at(self, where: float | None) -> float:
+        """The EMA factor at ``where`` in [0, 1] (None: the schedule's start value)."""
+        if where is None:
+            start = getattr(self.schedule, "_start_value", getattr(self.schedule, "_value", None))
+            return float(self.schedule(0.0) if start is None else start)
+        return float(self.schedule(where))
+
+    def paired_tensors(self, student: nn.Module) -> EmaTensors:
+        """The copy's and the student's parameters and buffers, paired once (while the
+        copy follows the same student)."""
+        owners = self._paired_with
+        if (
+            self._tensors is None
+            or owners is None
+            or owners[0]() is not self.module
+            or owners[1]() is not student
+        ):
+            self._tensors = ema_tensors(self.module, student)
+            self._paired_with = (weakref.ref(self.module), weakref.ref(student))
+        return self._tensors
+
+    @torch.no_grad()
+    def update(self, student: nn.Module, where: float | None) -> float:
+        """One EMA step towards ``student`` at ``where``; returns the factor used."""
+        momentum = self.momentum_at(where)
+        if self.copy_buffers:
+            ema_update_tensors_(self.paired_tensors(student), momentum, copy_buffers=True)
+        else:
+            ema_update_(self.module, student, momentum)
+        self.last_momentum = momentum
+        return momentum
+
+    def extra_repr(self) -> str:
+        return f"schedule={type(self.schedule).__name__}, copy_buffers={self.copy_buffers}"
+
+
+@dataclass(frozen=True)
+class TeacherStep:
+    """Where training is, for a teacher's per-step inputs (temperatures, queues).
+
+    Attributes:
+        iteration: optimizer steps done (``task.iteration``).
+        epoch: the train phase (``task.train_phase_idx``, at least 0).
+        train: whether the phase trains.
+    """
+
+    iteration: int = 0
+    epoch: int = 0
+    train: bool = True
+
+
+class MomentumTeacherOwner:
+    """Mixin of a loss (an ``nn.Module``) that owns a :class:`MomentumTeacher`.
+
+    The copy is the loss's submodule under ``teacher_state_key``: VISSL's name of the
+    method, so that its checkpoint keys stay ``loss.<key>.*`` (``teacher`` for DINO, iBOT,
+    DINOv2 and MSN, ``momentum_encoder`` for MoCo and SwAV, ``target_network`` for BYOL
+    and MoCo v3, ``target_encoder`` for I-JEPA). In code it is ``loss.teacher`` for every
+    method; VISSL's attribute names are aliases of it.
+
+    A subclass makes the teacher in ``bind_model`` (:meth:`attach_teacher`) and says what
+    the loss takes from it (:meth:`teacher_loss_inputs`, the keyword arguments of its
+    ``forward``). :class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook` (its
+    ``required_hooks``) runs it in the trainer; the loss never needs the hook: a plain
+    loop passes the same arguments itself.
+    """
+
+    teacher_state_key: str = "teacher"
+
+    # ----------------------------------------------------------------- the copy
+    def attach_teacher(self, teacher: MomentumTeacher) -> None:
+        """Hold ``teacher``: its copy as the submodule ``teacher_state_key``."""
+        assert isinstance(self, nn.Module)
+        self.__dict__["_momentum_teacher"] = teacher
+        self._modules[self.teacher_state_key] = teacher.module
+
+    @property
+    def momentum_teacher(self) -> MomentumTeacher | None:
+        """The teacher driving the copy (None before ``bind_model``)."""
+        assert isinstance(self, nn.Module)
+        copy_ = self._modules.get(self.teacher_state_key)
+        driver: MomentumTeacher | None = self.__dict__.get("_momentum_teacher")
+        if copy_ is None:
+            return None
+        if driver is None or driver.module is not copy_:
+            # a copy set by hand (``loss.teacher = module``): driven with the loss's schedule
+            driver = MomentumTeacher(
+                copy_, self.momentum_schedule(), copy=False, teacher_mode=self.teacher_mode
+            )
+            self.__dict__["_momentum_teacher"] = driver
+        return driver
+
+    @property
+    def teacher(self) -> nn.Module | None:
+        """The frozen copy (None before ``bind_model``)."""
+        assert isinstance(self, nn.Module)
+        return self._modules.get(self.teacher_state_key)
+
+    # VISSL's names of the same copy
+    momentum_encoder = teacher
+    target_network = teacher
+    target_encoder = teacher
+
+    #: the copy runs in eval mode except BatchNorm (:func:`set_teacher_mode`)
+    teacher_mode: bool = True
+
+    def momentum_schedule(self) -> fv.ParamScheduler:
+        """The EMA factor's schedule (the loss's ``momentum`` keys)."""
+        raise NotImplementedError
+
+    def train(self, mode: bool = True) -> Any:
+        out = super().train(mode)  # type: ignore[misc]
+        teacher = self.teacher
+        if teacher is not None and self.teacher_mode:
+            set_teacher_mode(teacher)
+        return out
+
+    # ----------------------------------------------------------------- the trainer
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The keyword arguments of ``forward`` this batch takes from the teacher (its
+        output, temperatures ...), run by the caller without gradients under the run's
+        precision."""
+        raise NotImplementedError
+
+    def required_hooks(self) -> list[Any]:
+        from vissl.hooks.momentum_teacher_hook import MomentumTeacherHook
+
+        return [MomentumTeacherHook(self)]

@@ -70,6 +70,7 @@ class LastBatchInfo:
         "log_values",
         "loss",
         "loss_extras",
+        "loss_inputs",
         "loss_weight",
         "model_output",
         "sample",
@@ -81,6 +82,10 @@ class LastBatchInfo:
         self.model_output: Any = None
         self.loss: torch.Tensor | None = None
         self.loss_extras: dict[str, torch.Tensor] = {}
+        #: keyword arguments of this micro-batch's loss call beyond ``(output, target)``,
+        #: put here by the ``on_forward`` hooks (e.g. the teacher's output and temperature,
+        #: :class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook`)
+        self.loss_inputs: dict[str, Any] = {}
         self.loss_weight: torch.Tensor | None = None
         self.target: Any = None
         #: what :func:`vissl.hooks.log_values.read_log_values` read on a log iteration
@@ -200,6 +205,7 @@ class StandardTrainStep:
             sample = self.read_sample(task)
         task.last_batch.sample = sample
         task.last_batch.target = sample["target"]
+        task.last_batch.loss_inputs = {}
         with self.forward_context(task, sync=sync):
             with perf_timer("forward", stats):
                 model_output = self.forward(task, sample)
@@ -287,14 +293,20 @@ class StandardTrainStep:
     def compute_loss(
         self, task: SelfSupervisionTask, model_output: Any, sample: dict[str, Any]
     ) -> torch.Tensor:
-        """The loss to backpropagate.
+        """The loss to backpropagate: ``task.loss(model_output, target, **loss_inputs)``,
+        ``loss_inputs`` what the ``on_forward`` hooks handed the loss for this micro-batch
+        (``task.last_batch.loss_inputs``; none for most losses).
 
         A dict result: the ``loss`` entry is backpropagated; an optional ``loss_weight``
         (validated by :func:`as_loss_weight`) goes to ``task.last_batch.loss_weight`` and
         makes the step use the weighted mean (see the module docstring); the other entries
         are logged (``task.last_batch.loss_extras``).
         """
-        result = task.loss(model_output, sample["target"])
+        inputs = task.last_batch.loss_inputs
+        if inputs:
+            result = task.loss(model_output, sample["target"], **inputs)
+        else:
+            result = task.loss(model_output, sample["target"])
         if isinstance(result, Mapping):
             name = type(task.loss).__name__
             if "loss" not in result:
