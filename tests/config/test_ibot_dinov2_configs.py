@@ -100,10 +100,10 @@ def test_vit_s16_recipe_forward_and_backward_at_224_px_on_cpu(name: str) -> None
     loss_fn.num_local_crops = 2  # of the recipe's 10 or 8: the same model, less CPU time
     inputs = _inputs(2, 2, 224, 96, 16)
     with torch.no_grad():
-        loss_fn.teacher_output = loss_fn.run_teacher(inputs)
+        teacher_output = loss_fn.run_teacher(inputs)
     out = model(inputs)
     assert out[0][0].shape == (2, loss_fn.out_dim)
-    result = loss_fn(out, inputs["mask"])
+    result = loss_fn(out, inputs["mask"], teacher_output=teacher_output)
     assert all(torch.isfinite(v) for v in result.values())
     result["loss"].backward()
     grads = [p.grad for p in model.trunk.parameters() if p.requires_grad]
@@ -129,16 +129,16 @@ def test_bf16_autocast_forward_and_backward_without_nan(name: str) -> None:
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with torch.no_grad():
-                loss_fn.teacher_output = loss_fn.run_teacher(inputs)
+                teacher_output = loss_fn.run_teacher(inputs)
             out = model(inputs)
             assert out[0][0].dtype == torch.bfloat16
-            result = loss_fn.eval()(out, inputs["mask"])
+            result = loss_fn.eval()(out, inputs["mask"], teacher_output=teacher_output)
         assert result["loss"].dtype == torch.float32
         assert all(torch.isfinite(v) for v in result.values())
         result["loss"].backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
         with torch.no_grad():
-            loss_fn.teacher_output = loss_fn.run_teacher(inputs)
-            fp32 = loss_fn(model(inputs), inputs["mask"])["loss"]
+            teacher_output = loss_fn.run_teacher(inputs)
+            fp32 = loss_fn(model(inputs), inputs["mask"], teacher_output=teacher_output)["loss"]
         assert float(result["loss"].detach()) == pytest.approx(float(fp32), rel=0.1)

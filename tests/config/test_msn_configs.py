@@ -128,10 +128,10 @@ def test_vit_s16_recipe_forward_and_backward_at_224_px_on_cpu() -> None:
     loss_fn.bind_model(model)
     inputs = _inputs(2, 224, 2, 96, 16, 0.15)
     with torch.no_grad():
-        loss_fn.teacher_output = loss_fn.run_teacher(inputs)
+        teacher_output = loss_fn.run_teacher(inputs)
     out = model(inputs)
     assert [tuple(o.shape) for o in out] == [(2, 1024), (4, 1024)]
-    result = loss_fn(out)
+    result = loss_fn(out, teacher_output=teacher_output)
     assert all(torch.isfinite(v) for v in result.values())
     result["loss"].backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
@@ -154,15 +154,15 @@ def test_bf16_autocast_forward_and_backward_without_nan() -> None:
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with torch.no_grad():
-                loss_fn.teacher_output = loss_fn.run_teacher(inputs)
+                teacher_output = loss_fn.run_teacher(inputs)
             out = model(inputs)
-            result = loss_fn(out)
+            result = loss_fn(out, teacher_output=teacher_output)
         assert result["loss"].dtype == torch.float32
         assert all(torch.isfinite(v) for v in result.values())
         result["loss"].backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
         with torch.no_grad():
-            loss_fn.teacher_output = loss_fn.run_teacher(inputs)
-            fp32 = loss_fn(model(inputs))["loss"]
+            teacher_output = loss_fn.run_teacher(inputs)
+            fp32 = loss_fn(model(inputs), teacher_output=teacher_output)["loss"]
         assert float(result["loss"].detach()) == pytest.approx(float(fp32), rel=0.1)

@@ -94,7 +94,7 @@ class TeacherIsDeterministic(VisslHook):
     """Runs the teacher again on the batch's global crops: with dropout and drop path off
     (eval mode) and no BatchNorm in a ViT, the output is exactly the same."""
 
-    priority = 1000  # after DINOHook set loss.teacher_output
+    priority = 1000  # after the teacher hook handed the loss its teacher_output
 
     def __init__(self) -> None:
         self.checked = 0
@@ -105,7 +105,7 @@ class TeacherIsDeterministic(VisslHook):
         with torch.no_grad():
             again = loss.teacher(crops)
         again = again[0] if isinstance(again, list | tuple) else again
-        assert torch.equal(again, loss.teacher_output)
+        assert torch.equal(again, task.last_batch.loss_inputs["teacher_output"])
         assert task.base_model.training
         self.checked += 1
 

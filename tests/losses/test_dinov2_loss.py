@@ -141,8 +141,11 @@ def run(loss: DINOv2Loss, batch: dict[str, Any], masked_only: bool = False) -> d
     s_patch, t_patch = batch["s_patch"], batch["t_patch"]
     if masked_only:  # what ibot_head gives with masked_patches_only
         s_patch, t_patch = s_patch[flat], t_patch[flat]
-    loss.teacher_output = [batch["t_cls"], t_patch]
-    return loss([[batch["s_cls"], s_patch, batch["tokens"]], [batch["s_local"]]], batch["mask"])
+    return loss(
+        [[batch["s_cls"], s_patch, batch["tokens"]], [batch["s_local"]]],
+        batch["mask"],
+        teacher_output=[batch["t_cls"], t_patch],
+    )
 
 
 # ----------------------------------------------------------------------------- formula
@@ -175,8 +178,11 @@ def test_gradients_and_koleo_off() -> None:
     batch["tokens"] = None  # no class token needed without KoLeo
     for key in ("s_cls", "s_patch", "s_local"):
         batch[key].requires_grad_(True)
-    loss.teacher_output = [batch["t_cls"], batch["t_patch"]]
-    out = loss([[batch["s_cls"], batch["s_patch"]], [batch["s_local"]]], batch["mask"])
+    out = loss(
+        [[batch["s_cls"], batch["s_patch"]], [batch["s_local"]]],
+        batch["mask"],
+        teacher_output=[batch["t_cls"], batch["t_patch"]],
+    )
     assert out["koleo_loss"].item() == 0.0
     out["loss"].backward()
     flat = batch["mask"].reshape(batch["mask"].shape[0], -1)

@@ -120,13 +120,13 @@ def make_batch(b: int, seed: int, local: int = LC) -> dict[str, Any]:
 
 
 def run(loss: IBOTLoss, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-    loss.teacher_output = [batch["t_cls"], batch["t_patch"]]
+    teacher = [batch["t_cls"], batch["t_patch"]]
     output: list[Any] = [[batch["s_cls"], batch["s_patch"]]]
     if batch["s_local"] is not None:
         output.append([batch["s_local"]])
     else:  # the train step unwraps an output of one mapping entry
         output = output[0]
-    return loss(output, batch["mask"])
+    return loss(output, batch["mask"], teacher_output=teacher)
 
 
 # ----------------------------------------------------------------------------- formula
@@ -172,11 +172,11 @@ def test_uniform_outputs_give_ln_widths() -> None:
     assert got["patch"].item() == pytest.approx(math.log(KP), abs=1e-6)
 
 
-def test_teacher_output_is_consumed_once() -> None:
+def test_a_call_without_the_teacher_output_says_how_to_pass_it() -> None:
     loss = make_loss()
     batch = make_batch(2, seed=4)
     run(loss, batch)
-    with pytest.raises(RuntimeError, match="no teacher output"):
+    with pytest.raises(TypeError, match="teacher_output="):
         loss([[batch["s_cls"], batch["s_patch"]], [batch["s_local"]]], batch["mask"])
 
 

@@ -88,8 +88,7 @@ def _cosines(n: int, seed: int) -> torch.Tensor:
 
 
 def _run(loss: MSNLoss, anchors: torch.Tensor | list, teacher: torch.Tensor) -> dict:
-    loss.teacher_output = [teacher]
-    return loss(anchors if isinstance(anchors, list) else [anchors])
+    return loss(anchors if isinstance(anchors, list) else [anchors], teacher_output=[teacher])
 
 
 @pytest.mark.parametrize(

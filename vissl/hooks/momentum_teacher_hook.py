@@ -75,9 +75,7 @@ class MomentumTeacherHook(VisslHook):
 
     def on_forward(self, task: SelfSupervisionTask) -> None:
         self._teacher()
-        step = TeacherStep(
-            int(task.iteration), max(int(task.train_phase_idx), 0), bool(task.train)
-        )
+        step = TeacherStep(int(task.iteration), max(int(task.train_phase_idx), 0), bool(task.train))
         with torch.no_grad(), task.precision.autocast():
             inputs = self.owner.teacher_loss_inputs(task.last_batch.sample, step)
         task.last_batch.loss_inputs.update(inputs)

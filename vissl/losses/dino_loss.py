@@ -40,7 +40,6 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss

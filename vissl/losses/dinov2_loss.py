@@ -50,7 +50,6 @@ from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
     check_crops,
-    ema_center_,
     infer_masked_distillation_config,
     koleo_loss,
     masked_rows,
@@ -59,6 +58,8 @@ from vissl.losses.self_distillation import (
     soft_cross_entropy,
     split_student_output,
 )
+from vissl.models.center import Center
+from vissl.models.momentum import TeacherStep
 from vissl.utils.distributed import all_reduce_sum
 
 _KEY = "config.LOSS.dinov2_loss"
@@ -149,7 +150,9 @@ class DINOv2Loss(MaskedDistillationLoss):
         self.register_buffer("patch_center", torch.zeros(1, self.patch_out_dim))
         self.center: torch.Tensor
         self.patch_center: torch.Tensor
-        #: the teacher temperature of this batch (set from the iteration by IBOTHook)
+        self.cls_centering = Center(self, "center", self.center_momentum)
+        self.patch_centering = Center(self, "patch_center", self.center_momentum)
+        #: ``forward``'s teacher temperature when none is passed (set_schedule_position)
         self.teacher_temp = self.warmup_teacher_temp
 
     @classmethod
@@ -174,21 +177,27 @@ class DINOv2Loss(MaskedDistillationLoss):
     def from_config(cls, params: Mapping[str, Any]) -> DINOv2Loss:
         return build_from_params(cls, params, _KEY)
 
-    def set_schedule_position(self, iteration: int, epoch: int) -> None:
-        """The teacher temperature of ``iteration`` (DINOv2's schedules are per iteration)."""
-        del epoch
-        self.teacher_temp = linear_warmup(
-            iteration,
-            self.warmup_teacher_temp,
-            self.teacher_temp_final,
-            self.warmup_teacher_temp_iters,
-        )
+    def schedule_inputs(self, step: TeacherStep) -> dict[str, Any]:
+        """The teacher temperature of ``step.iteration`` (DINOv2's schedules are per
+        iteration)."""
+        return {
+            "teacher_temp": linear_warmup(
+                step.iteration,
+                self.warmup_teacher_temp,
+                self.teacher_temp_final,
+                self.warmup_teacher_temp_iters,
+            )
+        }
 
     def teacher_targets(
-        self, t_cls: torch.Tensor, t_rows: torch.Tensor, num_masked: torch.Tensor
+        self,
+        t_cls: torch.Tensor,
+        t_rows: torch.Tensor,
+        num_masked: torch.Tensor,
+        teacher_temp: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The [CLS] and masked patch targets (centering or Sinkhorn-Knopp)."""
-        tau = self.teacher_temp
+        tau = self.teacher_temp if teacher_temp is None else float(teacher_temp)
         if self.centering == "sinkhorn_knopp":
             iters = self.sinkhorn_knopp_iterations
             # the global numbers of [CLS] and masked rows, in one all-reduce (DINOv2 takes
@@ -201,15 +210,28 @@ class DINOv2Loss(MaskedDistillationLoss):
                 sinkhorn_knopp_targets(t_cls, tau, iters, num_samples=counts[0]),
                 sinkhorn_knopp_targets(t_rows, tau, iters, num_samples=counts[1]),
             )
-        cls_targets = torch.softmax((t_cls.float() - self.center) / tau, dim=-1)
-        patch_targets = torch.softmax((t_rows.float() - self.patch_center) / tau, dim=-1)
+        cls_targets = self.cls_centering.apply(t_cls.float(), tau)
+        patch_targets = self.patch_centering.apply(t_rows.float(), tau)
         return cls_targets, patch_targets
 
-    def forward(self, output: Any, target: Any) -> dict[str, torch.Tensor]:
-        """The loss of the student's ``output`` against the teacher's, ``target`` the
-        student's masks ``(G * B, h, w)``."""
+    def forward(
+        self,
+        output: Any,
+        target: Any,
+        *,
+        teacher_output: Any = None,
+        teacher_temp: float | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The loss of the student's ``output`` against the teacher's.
+
+        Args:
+            output: the student's ``[[cls, patch, cls_token], [local_cls]]``.
+            target: the student's masks ``(G * B, h, w)``.
+            teacher_output: the teacher's ``[cls, patch]`` on the unmasked global views.
+            teacher_temp: the teacher temperature (default: the loss's current).
+        """
         out = split_student_output(output, "dinov2_loss")
-        teacher = self.take_teacher_output("dinov2_loss")
+        teacher = self.given_teacher_outputs(teacher_output, "dinov2_loss")
         if not isinstance(target, torch.Tensor):
             raise ValueError(
                 "dinov2_loss expects the target to be the global views' masks: "
@@ -228,7 +250,9 @@ class DINOv2Loss(MaskedDistillationLoss):
                 f"dinov2_loss: {s_rows.shape[0]} student and {t_rows.shape[0]} teacher masked "
                 "patch rows: both heads must score the same patches."
             )
-        cls_targets, patch_targets = self.teacher_targets(t_cls, t_rows, masked_per_image.sum())
+        cls_targets, patch_targets = self.teacher_targets(
+            t_cls, t_rows, masked_per_image.sum(), teacher_temp
+        )
         g = self.num_global_crops
         student_cls = list(out.cls.chunk(g))
         if out.local_cls is not None and self.num_local_crops:
@@ -258,8 +282,8 @@ class DINOv2Loss(MaskedDistillationLoss):
             + self.ibot_loss_weight * ibot
         )
         if self.training and self.centering == "centering":
-            ema_center_(self.center, t_cls, self.center_momentum)
-            ema_center_(self.patch_center, t_rows, self.center_momentum)
+            self.cls_centering.update(t_cls)
+            self.patch_centering.update(t_rows)
         return {
             "loss": total,
             "dino_loss": dino.detach(),

@@ -40,12 +40,13 @@ from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
     check_crops,
-    ema_center_,
     infer_masked_distillation_config,
     pairwise_cls_cross_entropy,
     soft_cross_entropy,
     split_student_output,
 )
+from vissl.models.center import Center
+from vissl.models.momentum import TeacherStep
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +148,10 @@ class IBOTLoss(MaskedDistillationLoss):
         self.register_buffer("center2", torch.zeros(1, 1, patch_out_dim))
         self.center: torch.Tensor
         self.center2: torch.Tensor
+        self.cls_centering = Center(self, "center", self.center_momentum)
+        self.patch_centering = Center(self, "center2", self.center_momentum2)
         self.epoch = 0
-        #: the teacher temperatures of this batch (set from the epoch by IBOTHook)
+        #: ``forward``'s teacher temperatures when none are passed (set_schedule_position)
         self.teacher_temp = self.warmup_teacher_temp
         self.teacher_patch_temp = self.warmup_teacher_patch_temp
 
@@ -169,29 +172,51 @@ class IBOTLoss(MaskedDistillationLoss):
     def from_config(cls, params: Mapping[str, Any]) -> IBOTLoss:
         return build_from_params(cls, params, _KEY)
 
-    def set_schedule_position(self, iteration: int, epoch: int) -> None:
-        """The temperatures of train phase ``epoch`` (iBOT's schedules are per epoch)."""
-        del iteration
-        self.epoch = epoch
-        self.teacher_temp = ibot_temperature(
-            epoch,
-            self.warmup_teacher_temp,
-            self.teacher_temp_final,
-            self.warmup_teacher_temp_epochs,
-        )
-        self.teacher_patch_temp = ibot_temperature(
-            epoch,
-            self.warmup_teacher_patch_temp,
-            self.teacher_patch_temp_final,
-            self.warmup_teacher_temp_epochs,
-            self.mim_start_epoch,
-        )
+    def schedule_inputs(self, step: TeacherStep) -> dict[str, Any]:
+        """The temperatures of train phase ``step.epoch`` (iBOT's schedules are per epoch)."""
+        return {
+            "teacher_temp": ibot_temperature(
+                step.epoch,
+                self.warmup_teacher_temp,
+                self.teacher_temp_final,
+                self.warmup_teacher_temp_epochs,
+            ),
+            "teacher_patch_temp": ibot_temperature(
+                step.epoch,
+                self.warmup_teacher_patch_temp,
+                self.teacher_patch_temp_final,
+                self.warmup_teacher_temp_epochs,
+                self.mim_start_epoch,
+            ),
+        }
 
-    def forward(self, output: Any, target: Any) -> dict[str, torch.Tensor]:
-        """The loss of the student's ``output`` against the teacher's, ``target`` the
-        student's masks ``(G * B, h, w)``."""
+    def set_schedule_position(self, iteration: int, epoch: int) -> None:
+        """Make the temperatures of ``epoch`` the defaults of ``forward``."""
+        super().set_schedule_position(iteration, epoch)
+        self.epoch = epoch
+
+    def forward(
+        self,
+        output: Any,
+        target: Any,
+        *,
+        teacher_output: Any = None,
+        teacher_temp: float | None = None,
+        teacher_patch_temp: float | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The loss of the student's ``output`` against the teacher's.
+
+        Args:
+            output: the student's ``[[cls, patch], [local_cls]]``.
+            target: the student's masks ``(G * B, h, w)``.
+            teacher_output: the teacher's ``[cls, patch]`` on the unmasked global views.
+            teacher_temp: the [CLS] teacher temperature (default: the loss's current).
+            teacher_patch_temp: the patch teacher temperature (default: the current).
+        """
         out = split_student_output(output, "ibot_loss")
-        teacher = self.take_teacher_output("ibot_loss")
+        teacher = self.given_teacher_outputs(teacher_output, "ibot_loss")
+        tau = self.teacher_temp if teacher_temp is None else float(teacher_temp)
+        tau2 = self.teacher_patch_temp if teacher_patch_temp is None else teacher_patch_temp
         if not isinstance(target, torch.Tensor):
             raise ValueError(
                 "ibot_loss expects the target to be the global views' masks: "
@@ -209,8 +234,8 @@ class IBOTLoss(MaskedDistillationLoss):
                 f"{tuple(out.patch.shape)}, teacher {tuple(t_patch.shape)}."
             )
         g = self.num_global_crops
-        cls_targets = torch.softmax((t_cls - self.center) / self.teacher_temp, dim=-1).chunk(g)
-        patch_targets = torch.softmax((t_patch - self.center2) / self.teacher_patch_temp, dim=-1)
+        cls_targets = self.cls_centering.apply(t_cls, tau).chunk(g)
+        patch_targets = self.patch_centering.apply(t_patch, float(tau2))
         student_cls = list(out.cls.chunk(g))
         if out.local_cls is not None and self.num_local_crops:
             student_cls += list(out.local_cls.chunk(self.num_local_crops))
@@ -222,8 +247,8 @@ class IBOTLoss(MaskedDistillationLoss):
         cls_term = cls_loss * self.lambda1
         patch_term = patch_loss * self.lambda2
         if self.training:
-            ema_center_(self.center, t_cls, self.center_momentum)
-            ema_center_(self.center2, t_patch.mean(dim=1), self.center_momentum2)
+            self.cls_centering.update(t_cls)
+            self.patch_centering.update(t_patch.mean(dim=1))
         return {
             "loss": cls_term + patch_term,
             "cls": cls_term.detach(),

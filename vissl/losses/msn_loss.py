@@ -51,6 +51,7 @@ from vissl.losses._checks import KeyChecks, build_from_params
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.self_distillation import MaskedDistillationLoss
 from vissl.losses.swav_common import distributed_sinkhorn
+from vissl.models.momentum import TeacherStep
 from vissl.utils.distributed import all_reduce_sum, all_reduce_sum_with_grad
 
 if TYPE_CHECKING:
@@ -214,8 +215,6 @@ class MSNLoss(MaskedDistillationLoss):
         self.output_dim = _check.count(output_dim, "output_dim", 1)
         #: (model head, target head) pairs whose prototypes are shared (set by bind_model)
         self._prototype_pairs: list[tuple[MSNHead, MSNHead]] = []
-        #: rows of the model's output that are the target view (VISSL's layout: crop 0)
-        self._target_rows = 0
 
     # ------------------------------------------------------------------ config
     @classmethod
@@ -357,15 +356,20 @@ class MSNLoss(MaskedDistillationLoss):
             )
         self._prototype_pairs = list(zip(student, target, strict=True))
 
-    def set_schedule_position(self, iteration: int, epoch: int) -> None:
-        """MSN's temperatures are constant (the hook's interface)."""
-        del iteration, epoch
-
     @torch.no_grad()
     def sync_prototypes(self) -> None:
         """Set the target encoder's prototypes to the model's (MSN shares them)."""
         for student, target in self._prototype_pairs:
             target.prototypes.copy_(student.prototypes)
+
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The target encoder's scores and, in VISSL's layout, how many of the model's
+        output rows are the target crop's (``forward`` drops them)."""
+        inputs = sample["input"]
+        rows = 0
+        if isinstance(inputs, list | tuple) and inputs and isinstance(inputs[0], torch.Tensor):
+            rows = int(inputs[0].shape[0])
+        return {"teacher_output": self.run_teacher(inputs), "target_rows": rows}
 
     def run_teacher(self, inputs: Any) -> list[torch.Tensor]:
         """The target encoder's prototype cosines on the whole target views: ``inputs``
@@ -374,10 +378,8 @@ class MSNLoss(MaskedDistillationLoss):
         self.sync_prototypes()
         if isinstance(inputs, list | tuple) and inputs and isinstance(inputs[0], torch.Tensor):
             # VISSL's layout: the model also encodes crop 0; forward drops its rows
-            self._target_rows = inputs[0].shape[0]
             out = self.teacher(inputs[0])
             return [out[0] if isinstance(out, list | tuple) else out]
-        self._target_rows = 0
         if not isinstance(inputs, Mapping) or TARGET_VIEWS not in inputs:
             raise ValueError(
                 f"msn_loss's target encoder expects the inputs of {COLLATOR} "
@@ -403,9 +405,25 @@ class MSNLoss(MaskedDistillationLoss):
         return [head(feats[0])]
 
     # ------------------------------------------------------------------ loss
-    def forward(self, output: Any, target: Any = None) -> dict[str, torch.Tensor]:
-        """The loss of the anchors' prototype cosines ``output`` (one tensor per mapped
-        input: the masked anchors, then the focal views) against the target encoder's."""
+    def forward(
+        self,
+        output: Any,
+        target: Any = None,
+        *,
+        teacher_output: Any = None,
+        target_rows: int = 0,
+    ) -> dict[str, torch.Tensor]:
+        """The loss of the anchors' prototype cosines against the target encoder's.
+
+        Args:
+            output: one ``(N, num_prototypes)`` tensor per mapped input (the masked
+                anchors, then the focal views).
+            target: unused.
+            teacher_output: the target encoder's scores on the target views (a tensor or
+                a list whose first entry is it).
+            target_rows: the first rows of ``output`` that are the target crop (VISSL's
+                layout), left out.
+        """
         del target
         outputs = [output] if isinstance(output, torch.Tensor) else list(output)
         outputs = [o[0] if isinstance(o, list | tuple) else o for o in outputs]
@@ -415,8 +433,9 @@ class MSNLoss(MaskedDistillationLoss):
                 "cosines (msn_head), one per mapped input."
             )
         # VISSL's layout: the model's first rows are its output on the target crop
-        anchors = torch.cat([o.float() for o in outputs])[self._target_rows :]
-        (teacher,) = self.take_teacher_output("msn_loss")[:1]
+        anchors = torch.cat([o.float() for o in outputs])[target_rows:]
+        given = self.given_teacher_output(teacher_output, "msn_loss")
+        teacher = (given if isinstance(given, torch.Tensor) else given[0]).detach()
         batch = teacher.shape[0]
         if batch == 0 or anchors.shape[0] % batch or anchors.shape[1] != teacher.shape[1]:
             raise ValueError(

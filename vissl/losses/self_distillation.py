@@ -29,6 +29,7 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.swav_common import distributed_sinkhorn
+from vissl.models.center import Center, ema_center_, global_row_sum_and_count
 from vissl.models.momentum import (
     MomentumTeacher,
     MomentumTeacherOwner,
@@ -36,15 +37,14 @@ from vissl.models.momentum import (
     build_momentum_schedule,
     schedule_position,
 )
-from vissl.models.center import Center, ema_center_, global_row_sum_and_count
 
 __all__ = [
     "GLOBAL_VIEWS",
-    "Center",
-    "SelfDistillationLoss",
     "LOCAL_VIEWS",
     "MASK",
+    "Center",
     "MaskedDistillationOutput",
+    "SelfDistillationLoss",
     "ema_center_",
     "global_row_sum_and_count",
     "infer_masked_distillation_config",

@@ -28,10 +28,10 @@ from torch import nn
 __all__ = [
     "DROPPED_PREFIXES_ATTR",
     "MOMENTUM_COPY_ATTR",
+    "MOMENTUM_SCHEDULES",
     "EmaTensors",
     "HostSnapshot",
     "LinearMomentumScheduler",
-    "MOMENTUM_SCHEDULES",
     "MomentumTeacher",
     "build_momentum_schedule",
     "copy_tensors_",
