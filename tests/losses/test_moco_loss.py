@@ -13,6 +13,7 @@ from vissl.errors import ConfigError
 from vissl.hooks.moco_hooks import MoCoHook, shuffle_across_ranks, unshuffle_across_ranks
 from vissl.losses import build_loss
 from vissl.losses.moco_loss import MoCoLoss
+from vissl.models.momentum import TeacherStep
 from vissl.utils.test_utils import spawn_gloo
 
 
@@ -45,8 +46,7 @@ def test_matches_the_formula() -> None:
     loss = _loss()
     queries, keys = torch.randn(5, 8), _normalized(5, 8)
     queue = loss.queue.clone()
-    loss.key = keys
-    got = loss(queries, None)
+    got = loss(queries, None, teacher_output=keys)
     assert got.item() == pytest.approx(naive_moco(queries, keys, queue, 0.2), rel=1e-5)
 
 
@@ -54,8 +54,7 @@ def test_gradient_flows_to_the_queries_only() -> None:
     torch.manual_seed(1)
     loss = _loss()
     queries = torch.randn(4, 8, requires_grad=True)
-    loss.key = _normalized(4, 8)
-    loss(queries, None).backward()
+    loss(queries, None, teacher_output=_normalized(4, 8)).backward()
     assert queries.grad is not None and queries.grad.abs().sum() > 0
     assert not loss.queue.requires_grad
 
@@ -65,8 +64,7 @@ def test_queue_holds_the_last_keys_in_order_on_one_process() -> None:
     loss = _loss(queue_size=12)
     batches = [_normalized(4, 8) for _ in range(5)]
     for keys in batches:
-        loss.key = keys
-        loss(torch.randn(4, 8), None)
+        loss(torch.randn(4, 8), None, teacher_output=keys)
     # 5 batches of 4 into 12 slots: slots hold batches 3, 4 (wrapped) and 2.
     expected = torch.cat([batches[3], batches[4], batches[2]])
     assert torch.equal(loss.queue, expected)
@@ -76,19 +74,18 @@ def test_queue_holds_the_last_keys_in_order_on_one_process() -> None:
 def test_no_enqueue_outside_training() -> None:
     loss = _loss()
     before = loss.queue.clone()
-    loss.enqueue = False
-    loss.key = _normalized(4, 8)
-    loss(torch.randn(4, 8), None)
+    loss(torch.randn(4, 8), None, teacher_output=_normalized(4, 8), enqueue=False)
     assert torch.equal(loss.queue, before)
 
 
 def test_missing_keys_and_wrong_width_are_explained() -> None:
     loss = _loss()
-    with pytest.raises(RuntimeError, match="data_momentum"):
+    with pytest.raises(TypeError, match="teacher_output="):
         loss(torch.randn(4, 8), None)
-    loss.key = _normalized(4, 6)
+    with pytest.raises(KeyError, match="data_momentum"):
+        loss.teacher_loss_inputs({"input": torch.randn(4, 8)}, TeacherStep())
     with pytest.raises(ConfigError, match="embedding_dim"):
-        loss(torch.randn(4, 6), None)
+        loss(torch.randn(4, 6), None, teacher_output=_normalized(4, 6))
 
 
 def _queue_worker(rank: int, world_size: int) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
@@ -99,8 +96,7 @@ def _queue_worker(rank: int, world_size: int) -> tuple[torch.Tensor, int, list[t
         g = torch.Generator().manual_seed(1000 * step)
         global_keys = torch.nn.functional.normalize(torch.randn(world_size * 2, 8, generator=g))
         all_keys.append(global_keys)
-        loss.key = global_keys[2 * rank : 2 * rank + 2]
-        loss(torch.randn(2, 8), None)
+        loss(torch.randn(2, 8), None, teacher_output=global_keys[2 * rank : 2 * rank + 2])
     return loss.queue.clone(), int(loss.queue_ptr), all_keys
 
 
@@ -143,19 +139,12 @@ def _hook_worker(rank: int, world_size: int, shuffle: bool) -> torch.Tensor:
     torch.manual_seed(3)
     loss = _loss(queue_size=16, dim=2, shuffle_batch=shuffle)
     loss.momentum_encoder = _BatchStatEncoder()
-    hook = MoCoHook(loss)
+    assert isinstance(loss.required_hooks()[0], MoCoHook)
     x = torch.randn(4, 2, generator=torch.Generator().manual_seed(rank))
-
-    class Task:
-        train = True
-        channels_last = False
-
-        class last_batch:
-            sample = {"data_momentum": [x]}
-
-    hook.on_forward(Task())  # type: ignore[arg-type]
-    assert loss.key is not None
-    return loss.key
+    with torch.no_grad():
+        inputs = loss.teacher_loss_inputs({"data_momentum": [x]}, TeacherStep())
+    assert inputs["enqueue"] is True
+    return inputs["teacher_output"]
 
 
 def test_hook_keys_depend_on_the_shuffled_sub_batch() -> None:

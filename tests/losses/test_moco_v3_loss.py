@@ -75,8 +75,7 @@ def test_matches_the_papers_formula_and_gradients(tau: float) -> None:
     loss = MoCoV3Loss(temperature=tau, embedding_dim=8)
     p = torch.randn(10, 8, requires_grad=True)
     k = torch.randn(10, 8)
-    loss.target_output = k
-    value = loss(p)
+    value = loss(p, teacher_output=k)
     value.backward()
     assert p.grad is not None
     grad = p.grad.clone()
@@ -85,7 +84,6 @@ def test_matches_the_papers_formula_and_gradients(tau: float) -> None:
     ref.backward()
     assert value.item() == pytest.approx(ref.item(), rel=1e-5)
     torch.testing.assert_close(grad, p.grad.float(), rtol=1e-4, atol=1e-7)
-    assert loss.target_output is None  # used once
 
 
 def test_the_scale_is_2_tau_times_the_cross_entropy() -> None:
@@ -94,17 +92,17 @@ def test_the_scale_is_2_tau_times_the_cross_entropy() -> None:
     n, tau = 4, 0.5
     loss = MoCoV3Loss(temperature=tau, embedding_dim=n)
     eye = torch.eye(n)
-    loss.target_output = torch.cat([eye, eye])
     ce = -(1 / tau - math.log(math.exp(1 / tau) + n - 1))
-    assert loss(torch.cat([eye, eye])).item() == pytest.approx(2 * (2 * tau * ce), rel=1e-6)
+    assert loss(
+        torch.cat([eye, eye]), teacher_output=torch.cat([eye, eye])
+    ).item() == pytest.approx(2 * (2 * tau * ce), rel=1e-6)
 
 
 def test_the_gradient_reaches_the_queries_only() -> None:
     loss = MoCoV3Loss(embedding_dim=8)
     p = torch.randn(6, 8, requires_grad=True)
     k = torch.randn(6, 8, requires_grad=True)
-    loss.target_output = k
-    loss([p]).backward()
+    loss([p], teacher_output=k).backward()
     assert p.grad is not None and p.grad.abs().sum() > 0
     assert k.grad is None
 
@@ -115,8 +113,7 @@ def test_a_bf16_autocast_still_computes_in_fp32() -> None:
     p = torch.randn(8, 8)
     k = torch.randn(8, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss.target_output = k.bfloat16()
-        value = loss(p.bfloat16())
+        value = loss(p.bfloat16(), teacher_output=k.bfloat16())
     assert value.dtype == torch.float32
     ref = ref_moco_v3(p.bfloat16().float(), k.bfloat16().float(), 0.2)
     assert value.item() == pytest.approx(ref.item(), rel=1e-5)
@@ -124,13 +121,12 @@ def test_a_bf16_autocast_still_computes_in_fp32() -> None:
 
 def test_missing_keys_and_wrong_widths_are_explained() -> None:
     loss = MoCoV3Loss(embedding_dim=8)
-    with pytest.raises(RuntimeError, match="MomentumTargetHook"):
+    with pytest.raises(TypeError, match="teacher_output="):
         loss(torch.randn(4, 8))
     with pytest.raises(ConfigError, match="embedding_dim is 8"):
-        loss(torch.randn(4, 6))
-    loss.target_output = torch.randn(6, 8)
+        loss(torch.randn(4, 6), teacher_output=torch.randn(4, 6))
     with pytest.raises(ValueError, match="keys of shape"):
-        loss(torch.randn(4, 8))
+        loss(torch.randn(4, 8), teacher_output=torch.randn(6, 8))
 
 
 # ----------------------------------------------------------------------------- 2 ranks
@@ -160,11 +156,11 @@ def _ddp_worker(rank: int, world: int) -> dict[str, Any]:
     assert loss.target_network is not None
     x = _inputs(rank)
     with torch.no_grad():
-        loss.target_output = loss.target_network(x)[0]
+        keys = loss.target_network(x)[0]
     ddp = DDP(model)
     prediction = ddp(x)[0]
     prediction.retain_grad()
-    value = loss(prediction)
+    value = loss(prediction, teacher_output=keys)
     value.backward()
     assert prediction.grad is not None
     return {
@@ -224,14 +220,18 @@ def test_momentum_encoder_lacks_the_predictor_and_gives_the_keys_of_both_views()
     hook = MomentumTargetHook(loss)
     x = torch.randn(6, 5)
     task = AttrDict(
-        last_batch=AttrDict(sample={"input": x}),
+        iteration=0,
+        train_phase_idx=0,
+        train=True,
+        last_batch=AttrDict(sample={"input": x}, loss_inputs={}),
         precision=AttrDict(autocast=lambda: torch.autocast("cpu", enabled=False)),
     )
     hook.on_forward(task)  # type: ignore[arg-type]
     with torch.no_grad():
         projection = model.heads[0](model.trunk(x))  # the model's output before its predictor
-    assert loss.target_output is not None and not loss.target_output.requires_grad
-    torch.testing.assert_close(loss.target_output, projection)
+    keys = task.last_batch.loss_inputs["teacher_output"]
+    assert not keys.requires_grad
+    torch.testing.assert_close(keys, projection)
 
 
 def test_momentum_encoder_follows_the_model_by_the_cosine_schedule() -> None:

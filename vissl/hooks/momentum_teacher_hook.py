@@ -75,7 +75,12 @@ class MomentumTeacherHook(VisslHook):
 
     def on_forward(self, task: SelfSupervisionTask) -> None:
         self._teacher()
-        step = TeacherStep(int(task.iteration), max(int(task.train_phase_idx), 0), bool(task.train))
+        step = TeacherStep(
+            int(task.iteration),
+            max(int(task.train_phase_idx), 0),
+            bool(task.train),
+            bool(getattr(task, "channels_last", False)),
+        )
         with torch.no_grad(), task.precision.autocast():
             inputs = self.owner.teacher_loss_inputs(task.last_batch.sample, step)
         task.last_batch.loss_inputs.update(inputs)
@@ -83,7 +88,9 @@ class MomentumTeacherHook(VisslHook):
     def on_update(self, task: SelfSupervisionTask) -> None:
         where = schedule_position(int(task.iteration), int(task.max_iteration))
         self.last_momentum = self._teacher().update(task.base_model, where)
-        task.additional_log_data[MOMENTUM_LOG_KEY] = self.last_momentum
+        log = getattr(task, "additional_log_data", None)
+        if isinstance(log, dict):
+            log[MOMENTUM_LOG_KEY] = self.last_momentum
 
     def on_phase_end(self, task: SelfSupervisionTask) -> None:
         hint = getattr(self.owner, "collapse_hint", None)

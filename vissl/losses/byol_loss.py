@@ -28,17 +28,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
-    MomentumTargetHook,
+    MomentumTargetLoss,
     checked_prediction,
     infer_predictor_config,
     two_views,
 )
-from vissl.models.momentum import momentum_copy
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +49,7 @@ def regression_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Ten
 
 
 @register_loss("byol_loss")
-class BYOLLoss(nn.Module):
+class BYOLLoss(MomentumTargetLoss):
     """BYOL loss with its target network (see the module docstring).
 
     Args:
@@ -79,9 +77,6 @@ class BYOLLoss(nn.Module):
             )
         self.momentum = float(momentum)
         self.embedding_dim = embedding_dim
-        self.target_network: nn.Module | None = None
-        #: The target network's projections of both views for this batch (set by the hook).
-        self.target_output: torch.Tensor | None = None
 
     @classmethod
     def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
@@ -100,29 +95,18 @@ class BYOLLoss(nn.Module):
             embedding_dim=params.get("embedding_dim", 256),
         )
 
-    def bind_model(self, model: nn.Module) -> None:
-        """Make the target network: a frozen copy of ``model`` without its predictor."""
-        self.target_network = momentum_copy(model, drop_last_heads=1)
-
-    def required_hooks(self) -> list[Any]:
-        return [MomentumTargetHook(self)]
-
-    def forward(self, output: Any, target: Any = None) -> torch.Tensor:
+    def forward(
+        self, output: Any, target: Any = None, *, teacher_output: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The symmetrised BYOL loss of this rank's batch; ``target`` is unused.
 
         Args:
             output: the online predictions ``(2 * B, D)``, view-major (or a list of it).
             target: unused.
+            teacher_output: the target network's projections ``(2 * B, D)`` of the views.
         """
         prediction = checked_prediction(output, "byol_loss", self.embedding_dim)
-        projection = self.target_output
-        if projection is None:
-            raise RuntimeError(
-                "byol_loss has no target projections for this batch: MomentumTargetHook "
-                "(declared in required_hooks) sets them on_forward; when calling the loss "
-                "by hand, set loss.target_output first."
-            )
-        self.target_output = None
+        projection = self.given_teacher_output(teacher_output, "byol_loss")
         if projection.shape != prediction.shape:
             raise ValueError(
                 f"byol_loss: target projections of shape {tuple(projection.shape)} for "

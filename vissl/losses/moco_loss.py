@@ -12,8 +12,8 @@ order) replace the oldest entries of the queue, so every rank holds the same que
 
 The momentum encoder is a copy of the model made once (``bind_model``), never trained:
 after each optimizer step its parameters follow the model's,
-``theta_k = m * theta_k + (1 - m) * theta_q`` (:class:`~vissl.hooks.moco_hooks.MoCoHook`).
-The hook also computes the keys with "shuffle BN": the key batch is permuted across ranks
+``theta_k = m * theta_k + (1 - m) * theta_q`` (:class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook`).
+The loss's ``teacher_loss_inputs`` computes the keys with "shuffle BN": the key batch is permuted across ranks
 (a permutation drawn on rank 0 and broadcast) before the momentum encoder, and put back in
 order after, so BatchNorm statistics cannot reveal which key matches a query.
 
@@ -28,14 +28,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import head_output_dim
-from vissl.models.momentum import momentum_copy
-from vissl.utils.distributed import gather_from_all, get_world_size
+from vissl.models.momentum import (
+    MomentumTeacher,
+    MomentumTeacherOwner,
+    TeacherStep,
+    build_momentum_schedule,
+)
+from vissl.utils.distributed import gather_from_all, get_rank, get_world_size
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +69,45 @@ def _number(value: Any, key: str, low: float, high: float, open_low: bool = Fals
     return float(value)
 
 
+@torch.no_grad()
+def shuffle_across_ranks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's slice of the global batch after a random permutation.
+
+    The permutation is drawn on rank 0 (from the torch RNG of ``x``'s device) and
+    broadcast, so every rank agrees. Every rank must hold the same number of rows.
+
+    Returns:
+        ``(shuffled_local, unshuffle)``: pass the encoder's output on ``shuffled_local``
+        and ``unshuffle`` to :func:`unshuffle_across_ranks`.
+    """
+    world = get_world_size()
+    rows = x.shape[0]
+    gathered = gather_from_all(x)
+    if gathered.shape[0] != rows * world:
+        raise RuntimeError(
+            f"shuffle BN needs the same batch on every rank; got {gathered.shape[0]} rows "
+            f"from {world} ranks of {rows} here."
+        )
+    if get_rank() == 0:
+        permutation = torch.randperm(gathered.shape[0], device=x.device)
+    else:
+        permutation = torch.empty(gathered.shape[0], dtype=torch.long, device=x.device)
+    dist.broadcast(permutation, src=0)
+    mine = permutation.view(world, rows)[get_rank()]
+    return gathered[mine], torch.argsort(permutation)
+
+
+@torch.no_grad()
+def unshuffle_across_ranks(y: torch.Tensor, unshuffle: torch.Tensor) -> torch.Tensor:
+    """Undo :func:`shuffle_across_ranks` on the encoder's output ``y``: this rank's rows."""
+    gathered = gather_from_all(y)
+    rows = y.shape[0]
+    mine = unshuffle.view(get_world_size(), rows)[get_rank()]
+    return gathered[mine]
+
+
 @register_loss("moco_loss")
-class MoCoLoss(nn.Module):
+class MoCoLoss(MomentumTeacherOwner, nn.Module):
     """MoCo v2 loss with its queue and momentum encoder.
 
     Args:
@@ -93,10 +137,6 @@ class MoCoLoss(nn.Module):
         self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
         self.queue: torch.Tensor
         self.queue_ptr: torch.Tensor
-        self.momentum_encoder: nn.Module | None = None
-        # Set by MoCoHook after each forward: this rank's keys, and whether to enqueue them.
-        self.key: torch.Tensor | None = None
-        self.enqueue = True
 
     @classmethod
     def infer_config(cls, params: Any, config: Mapping[str, Any]) -> None:
@@ -137,14 +177,45 @@ class MoCoLoss(nn.Module):
             shuffle_batch=params.get("shuffle_batch", True),
         )
 
+    #: the copy's checkpoint key (VISSL's name); ``loss.teacher`` in code
+    teacher_state_key = "momentum_encoder"
+    #: the encoder follows the loss's train / eval mode (BatchNorm on the key batch)
+    teacher_mode = False
+
+    def momentum_schedule(self) -> ParamScheduler:
+        """MoCo v2's constant EMA factor."""
+        return build_momentum_schedule("constant", self.momentum)
+
     def bind_model(self, model: nn.Module) -> None:
         """Make the momentum encoder: a frozen copy of ``model``."""
-        self.momentum_encoder = momentum_copy(model)
+        self.attach_teacher(MomentumTeacher(model, self.momentum_schedule(), teacher_mode=False))
 
-    def required_hooks(self) -> list[Any]:
-        from vissl.hooks.moco_hooks import MoCoHook
-
-        return [MoCoHook(self)]
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The keys: the momentum encoder's L2-normalised output on
+        ``sample["data_momentum"]`` (shuffled across ranks with ``shuffle_batch``), and
+        whether to enqueue them (train phases)."""
+        if "data_momentum" not in sample:
+            raise KeyError(
+                "moco_loss needs the key views in the batch's 'data_momentum' entry: set "
+                "config.DATA.TRAIN.COLLATE_FUNCTION: moco_collator."
+            )
+        teacher = self.momentum_teacher
+        assert teacher is not None
+        x = sample["data_momentum"]
+        if isinstance(x, list | tuple):
+            x = x[0]
+        if step.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        shuffle = self.shuffle_batch and get_world_size() > 1
+        if shuffle:
+            x, unshuffle = shuffle_across_ranks(x)
+        out = teacher(x)
+        if isinstance(out, list | tuple):
+            out = out[0]
+        key = F.normalize(out.float(), dim=1)
+        if shuffle:
+            key = unshuffle_across_ranks(key, unshuffle)
+        return {"teacher_output": key, "enqueue": step.train}
 
     @torch.no_grad()
     def dequeue_and_enqueue(self, keys: torch.Tensor) -> None:
@@ -156,13 +227,21 @@ class MoCoLoss(nn.Module):
         self.queue_ptr.copy_((self.queue_ptr + n) % self.queue_size)
 
     def forward(
-        self, output: torch.Tensor | Sequence[torch.Tensor], target: Any = None
+        self,
+        output: torch.Tensor | Sequence[torch.Tensor],
+        target: Any = None,
+        *,
+        teacher_output: torch.Tensor | None = None,
+        enqueue: bool = True,
     ) -> torch.Tensor:
         """InfoNCE of this rank's queries; ``target`` is ignored.
 
         Args:
             output: ``(B, D)`` head output on the query views (or a list holding it).
             target: unused.
+            teacher_output: ``(B, D)`` the keys: the momentum encoder's L2-normalised
+                output on the key views.
+            enqueue: put the keys in the queue after the loss (train phases).
         """
         if not isinstance(output, torch.Tensor):
             outputs = list(output)
@@ -175,12 +254,7 @@ class MoCoLoss(nn.Module):
                 f"{tuple(output.shape)}; set it to the head's last dim.",
                 f"{_KEY}.embedding_dim",
             )
-        key = self.key
-        if key is None:
-            raise RuntimeError(
-                "moco_loss has no keys for this batch: MoCoHook computes them after the "
-                "forward pass from sample['data_momentum'] (use the moco_collator)."
-            )
+        key = self.given_teacher_output(teacher_output, "moco_loss")
         if key.shape != output.shape:
             raise ValueError(
                 f"moco_loss: {tuple(key.shape)} keys for {tuple(output.shape)} queries."
@@ -192,9 +266,8 @@ class MoCoLoss(nn.Module):
         logits = torch.cat([positive, negative], dim=1) / self.temperature
         labels = torch.zeros(query.shape[0], dtype=torch.long, device=query.device)
         loss = F.cross_entropy(logits, labels)
-        if self.enqueue:
+        if enqueue:
             self.dequeue_and_enqueue(key)
-        self.key = None
         return loss
 
     def extra_repr(self) -> str:

@@ -35,9 +35,10 @@ gradient is exactly DDP's average. (The gradient a rank's loss sends to its own
 predictions is ``W`` times the one-process loss's gradient for those rows; DDP's ``1 / W``
 makes the parameter gradients equal.) No gradient crosses ranks: the keys are constants.
 
-**The momentum encoder** (:class:`~vissl.losses.predictor_common.MomentumTargetHook`)
-runs on both views of ``sample["input"]`` after the model's forward (no gradients) and
-sets :attr:`MoCoV3Loss.target_output`; after each optimizer step it moves towards the
+**The momentum encoder** (the teacher, :class:`~vissl.losses.predictor_common.
+MomentumTargetLoss`, driven by :class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook`)
+runs on both views of ``sample["input"]`` after the model's forward (no gradients); its
+keys reach ``forward`` as ``teacher_output``; after each optimizer step it moves towards the
 model, ``m = 1 - (1 - momentum) * (cos(pi * k / K) + 1) / 2`` (MoCo v3's cosine schedule,
 ``--moco-m-cos``, from ``momentum`` at the first iteration to 1 at the last).
 
@@ -64,18 +65,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
-    MomentumTargetHook,
+    MomentumTargetLoss,
     check_two_views,
     checked_prediction,
     projector_predictor_dims,
     two_views,
 )
-from vissl.models.momentum import momentum_copy
 from vissl.utils.distributed import gather_from_all, get_rank
 
 logger = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ def contrastive_loss(
 
 
 @register_loss(_NAME)
-class MoCoV3Loss(nn.Module):
+class MoCoV3Loss(MomentumTargetLoss):
     """MoCo v3 loss with its momentum encoder (see the module docstring).
 
     Args:
@@ -146,10 +145,6 @@ class MoCoV3Loss(nn.Module):
                 f"{_KEY}.embedding_dim",
             )
         self.embedding_dim = embedding_dim
-        #: The momentum encoder: the model less its predictor (set by :meth:`bind_model`).
-        self.target_network: nn.Module | None = None
-        #: The momentum encoder's keys of both views for this batch (set by the hook).
-        self.target_output: torch.Tensor | None = None
 
     @classmethod
     def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
@@ -182,29 +177,18 @@ class MoCoV3Loss(nn.Module):
             embedding_dim=params.get("embedding_dim", DEFAULTS["embedding_dim"]),
         )
 
-    def bind_model(self, model: nn.Module) -> None:
-        """Make the momentum encoder: a frozen copy of ``model`` without its predictor."""
-        self.target_network = momentum_copy(model, drop_last_heads=1)
-
-    def required_hooks(self) -> list[Any]:
-        return [MomentumTargetHook(self)]
-
-    def forward(self, output: Any, target: Any = None) -> torch.Tensor:
+    def forward(
+        self, output: Any, target: Any = None, *, teacher_output: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``ctr(q1, k2) + ctr(q2, k1)`` of this rank's queries; ``target`` is unused.
 
         Args:
             output: the model's predictions ``(2 * B, D)``, view-major (or a list of it).
             target: unused.
+            teacher_output: the momentum encoder's keys ``(2 * B, D)`` of the views.
         """
         prediction = checked_prediction(output, _NAME, self.embedding_dim)
-        keys = self.target_output
-        if keys is None:
-            raise RuntimeError(
-                f"{_NAME} has no keys for this batch: MomentumTargetHook (declared in "
-                "required_hooks) sets them on_forward from the momentum encoder, made by "
-                "bind_model; when calling the loss by hand, set loss.target_output first."
-            )
-        self.target_output = None
+        keys = self.given_teacher_output(teacher_output, _NAME)
         if keys.shape != prediction.shape:
             raise ValueError(
                 f"{_NAME}: keys of shape {tuple(keys.shape)} for queries of shape "

@@ -44,19 +44,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from vissl.errors import ConfigError
-from vissl.hooks.base import Priority, VisslHook
 from vissl.losses.config_inference import transform_num_crops
-from vissl.models.momentum import _plain, cosine_momentum, ema_update_
-
-if TYPE_CHECKING:
-    from vissl.trainer.task import SelfSupervisionTask
+from vissl.models.momentum import (
+    MomentumTeacher,
+    MomentumTeacherOwner,
+    TeacherStep,
+    _plain,
+    build_momentum_schedule,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -280,46 +283,50 @@ class ProjectionCapture:
         self.handle.remove()
 
 
-class MomentumTargetHook(VisslHook):
-    """The target network's output and its EMA update, for BYOL and MoCo v3.
+class MomentumTargetLoss(MomentumTeacherOwner, nn.Module):
+    """The target network of BYOL and MoCo v3: a :class:`~vissl.models.momentum.
+    MomentumTeacher` copy of the model without its predictor (the last head), in the
+    mode of the loss (its BatchNorm layers normalise with the batch's statistics in
+    training), whose EMA factor follows a cosine from ``momentum`` to 1.
 
-    The loss must have ``target_network`` (a momentum copy), ``momentum`` (the base of
-    the cosine schedule) and a ``target_output`` attribute this hook sets.
-
-    - ``on_forward``: the target network's output on ``sample["input"]`` (both views, no
-      gradients, under the run's autocast) into ``loss.target_output``.
-    - ``on_update``: after each optimizer step,
-      ``target = m * target + (1 - m) * model`` with ``m = cosine_momentum(k, K, base)``.
+    The copy is the submodule ``target_network`` (VISSL's name, the checkpoint key;
+    ``loss.teacher`` in code). Its projections of both views reach ``forward`` as
+    ``teacher_output``
+    (:class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook` in the trainer).
     """
 
-    priority = Priority.HIGH
+    teacher_state_key = "target_network"
+    teacher_mode = False
+    momentum: float
 
-    def __init__(self, loss: Any) -> None:
-        self.loss = loss
-        #: The momentum used at the last update (for logging and tests).
-        self.last_momentum = float(loss.momentum)
+    def momentum_schedule(self) -> ParamScheduler:
+        return build_momentum_schedule("cosine", self.momentum, 1.0)
 
-    def on_forward(self, task: SelfSupervisionTask) -> None:
-        target = self.loss.target_network
-        if target is None:
-            raise RuntimeError(
-                "bind_model was not called: no target network (the trainer calls it when it "
-                "builds the task)."
-            )
-        x = task.last_batch.sample["input"]
-        with torch.no_grad(), task.precision.autocast():
-            out = target(x)
-        self.loss.target_output = single_output(out, "the target network").detach()
+    def bind_model(self, model: nn.Module) -> None:
+        """Make the target network: a frozen copy of ``model`` without its predictor."""
+        self.attach_teacher(
+            MomentumTeacher(model, self.momentum_schedule(), drop_last_heads=1, teacher_mode=False)
+        )
 
-    def on_update(self, task: SelfSupervisionTask) -> None:
-        loss = self.loss
-        momentum = cosine_momentum(int(task.iteration), int(task.max_iteration), loss.momentum)
-        ema_update_(loss.target_network, task.base_model, momentum)
-        self.last_momentum = momentum
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The target network's projections of ``sample["input"]`` (both views)."""
+        teacher = self.momentum_teacher
+        assert teacher is not None
+        out = teacher(sample["input"])
+        return {"teacher_output": single_output(out, "the target network").detach()}
+
+
+def __getattr__(name: str) -> Any:
+    # VISSL's name of the hook (hooks import losses, not the reverse: resolved lazily)
+    if name == "MomentumTargetHook":
+        from vissl.hooks.momentum_teacher_hook import MomentumTeacherHook
+
+        return MomentumTeacherHook
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "MomentumTargetHook",
+    "MomentumTargetLoss",
     "ProjectionCapture",
     "check_two_views",
     "infer_predictor_config",

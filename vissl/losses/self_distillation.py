@@ -476,17 +476,6 @@ class SelfDistillationLoss(MomentumTeacherOwner, nn.Module):
         where = schedule_position(iteration, max_iteration)
         return self.momentum if where is None else float(self.momentum_schedule()(where))
 
-    @staticmethod
-    def given_teacher_output(teacher_output: Any, loss_name: str) -> Any:
-        """``forward``'s ``teacher_output`` argument, checked to be there."""
-        if teacher_output is None:
-            raise TypeError(
-                f"{loss_name} needs the teacher's output: call loss(output, target, "
-                "teacher_output=teacher(inputs)) (in the trainer MomentumTeacherHook, "
-                "declared in required_hooks, passes it)."
-            )
-        return teacher_output
-
 
 class MaskedDistillationLoss(SelfDistillationLoss):
     """:class:`SelfDistillationLoss` whose teacher sees iBOT's masked multi-crop batch:

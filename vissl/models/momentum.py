@@ -580,11 +580,14 @@ class TeacherStep:
         iteration: optimizer steps done (``task.iteration``).
         epoch: the train phase (``task.train_phase_idx``, at least 0).
         train: whether the phase trains.
+        channels_last: whether the run feeds images channels-last (``MODEL.CHANNELS_LAST``):
+            inputs the step did not convert (e.g. MoCo's key views) are converted alike.
     """
 
     iteration: int = 0
     epoch: int = 0
     train: bool = True
+    channels_last: bool = False
 
 
 class MomentumTeacherOwner:
@@ -659,6 +662,21 @@ class MomentumTeacherOwner:
         output, temperatures ...), run by the caller without gradients under the run's
         precision."""
         raise NotImplementedError
+
+    @staticmethod
+    def given_teacher_output(teacher_output: Any, loss_name: str) -> Any:
+        """``forward``'s ``teacher_output`` argument, checked to be there.
+
+        Raises:
+            TypeError: it is None, saying how to pass it.
+        """
+        if teacher_output is None:
+            raise TypeError(
+                f"{loss_name} needs the teacher's output: call loss(output, target, "
+                "teacher_output=teacher(inputs)) (in the trainer MomentumTeacherHook, "
+                "declared in required_hooks, passes it)."
+            )
+        return teacher_output
 
     def required_hooks(self) -> list[Any]:
         from vissl.hooks.momentum_teacher_hook import MomentumTeacherHook
