@@ -65,11 +65,9 @@ def test_loss_matches_the_formula(loss_type: str) -> None:
     tokens = torch.randn(n, 20, dim)
     pred = torch.randn(m * n, k, dim) * 1.5
     loss_fn = IJEPALoss(loss_type=loss_type)
-    loss_fn.target_output = tokens
-    loss = loss_fn([pred], masks)
+    loss = loss_fn([pred], masks, teacher_output=tokens)
     assert loss.dtype == torch.float32
     assert float(loss) == pytest.approx(reference_loss(pred, tokens, masks, loss_type), rel=1e-5)
-    assert loss_fn.target_output is None  # consumed
 
 
 def test_gradient_reaches_the_prediction_only_and_a_perfect_prediction_costs_nothing() -> None:
@@ -83,11 +81,9 @@ def test_gradient_reaches_the_prediction_only_and_a_perfect_prediction_costs_not
     ]
     perfect = torch.stack(rows).detach().requires_grad_(True)
     loss_fn = IJEPALoss()
-    loss_fn.target_output = tokens
-    loss = loss_fn(perfect, masks)
+    loss = loss_fn(perfect, masks, teacher_output=tokens)
     assert float(loss.detach()) == 0.0
-    loss_fn.target_output = tokens
-    (loss_fn(perfect + 1.0, masks)).backward()
+    (loss_fn(perfect + 1.0, masks, teacher_output=tokens)).backward()
     assert perfect.grad is not None and perfect.grad.abs().sum() > 0
     assert tokens.grad is None  # the targets are detached
 
@@ -95,16 +91,14 @@ def test_gradient_reaches_the_prediction_only_and_a_perfect_prediction_costs_not
 def test_shape_and_state_errors() -> None:
     loss_fn = IJEPALoss()
     masks = random_blocks(2, 2, (3, 3), 2, seed=0)
-    with pytest.raises(RuntimeError, match="no target-encoder output"):
+    with pytest.raises(TypeError, match="teacher_output="):
         loss_fn(torch.zeros(4, 2, 4), masks)
-    loss_fn.target_output = torch.zeros(2, 9, 4)
     with pytest.raises(ValueError, match="predictor gave"):
-        loss_fn(torch.zeros(4, 3, 4), masks)
+        loss_fn(torch.zeros(4, 3, 4), masks, teacher_output=torch.zeros(2, 9, 4))
     uneven = masks.clone()
     uneven[0, 0] = True
-    loss_fn.target_output = torch.zeros(2, 9, 4)
     with pytest.raises(ValueError, match="same number"):
-        loss_fn(torch.zeros(4, 2, 4), uneven)
+        loss_fn(torch.zeros(4, 2, 4), uneven, teacher_output=torch.zeros(2, 9, 4))
     with pytest.raises(ConfigError, match="TARGET_KEY_NAMES"):
         loss_fn(torch.zeros(4, 2, 4), {"data": masks})
     with pytest.raises(ConfigError, match="loss_type"):
@@ -211,13 +205,13 @@ def test_bf16_autocast_forward_and_backward_without_nan() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(batch)
             assert out[0].dtype == torch.bfloat16
-            loss_fn.target_output = loss_fn.run_target_encoder(batch["data"])
-            loss = loss_fn(out, targets)
+            tokens = loss_fn.run_target_encoder(batch["data"])
+            loss = loss_fn(out, targets, teacher_output=tokens)
         assert loss.dtype == torch.float32 and torch.isfinite(loss)
         loss.backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
         with torch.no_grad():
-            loss_fn.target_output = loss_fn.run_target_encoder(batch["data"])
-            fp32 = loss_fn(model(batch), targets)
+            tokens = loss_fn.run_target_encoder(batch["data"])
+            fp32 = loss_fn(model(batch), targets, teacher_output=tokens)
         assert float(loss.detach()) == pytest.approx(float(fp32), rel=0.05)

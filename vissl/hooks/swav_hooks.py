@@ -17,7 +17,6 @@ The hooks meet the loss on attributes (``iteration``, ``uniform_loss``,
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ import torch
 from torch import nn
 
 from vissl.hooks.base import Priority, VisslHook
+from vissl.models.momentum import MomentumTeacher, build_momentum_schedule
 from vissl.utils.distributed import is_primary
 
 if TYPE_CHECKING:
@@ -173,19 +173,9 @@ class SwAVMomentumHook(VisslHook):
     priority = Priority.NORMAL
 
     def __init__(self) -> None:
-        self._tensors: EmaTensors | None = None
-        self._paired_with: tuple[weakref.ref[nn.Module], weakref.ref[nn.Module]] | None = None
-
-    def _paired(self, task: SelfSupervisionTask, encoder: nn.Module) -> EmaTensors:
-        from vissl.models.momentum import ema_tensors
-
-        model = task.base_model
-        owners = self._paired_with
-        stale = owners is None or owners[0]() is not encoder or owners[1]() is not model
-        if self._tensors is None or stale:
-            self._tensors = ema_tensors(encoder, model)
-            self._paired_with = (weakref.ref(encoder), weakref.ref(model))
-        return self._tensors
+        # the MomentumTeacher driving the loss's encoder (in a list: not a module of the
+        # hook, so momentum_copies(hook) does not find the loss's copy a second time)
+        self._driver: list[MomentumTeacher] = []
 
     @staticmethod
     def _encoder(task: SelfSupervisionTask) -> nn.Module:
@@ -197,17 +187,36 @@ class SwAVMomentumHook(VisslHook):
             )
         return encoder
 
+    def teacher(self, task: SelfSupervisionTask) -> MomentumTeacher:
+        """The :class:`~vissl.models.momentum.MomentumTeacher` of the loss's encoder: a
+        constant ``loss.momentum``, the buffers copied at each update."""
+        encoder = self._encoder(task)
+        momentum = float(task.loss.momentum)
+        if not self._driver or self._driver[0].module is not encoder:
+            self._driver = [
+                MomentumTeacher(
+                    encoder, momentum, teacher_mode=False, copy_buffers=True, copy=False
+                )
+            ]
+        driver = self._driver[0]
+        if driver.momentum_at(None) != momentum:
+            driver.schedule = build_momentum_schedule("constant", momentum)
+        return driver
+
+    def _paired(self, task: SelfSupervisionTask) -> EmaTensors:
+        return self.teacher(task).paired_tensors(task.base_model)
+
     def on_start(self, task: SelfSupervisionTask) -> None:
         # Pair now, with the task built (sharded, compiled, resumed): under FSDP the model's
         # parameters are then its shards; inside a step (after its forward) they are not.
-        self._paired(task, self._encoder(task))
+        self._paired(task)
 
     def on_forward(self, task: SelfSupervisionTask) -> None:
         from vissl.models.momentum import copy_tensors_
 
         loss: Any = task.loss
         encoder = self._encoder(task)
-        tensors = self._paired(task, encoder)
+        tensors = self._paired(task)
         copy_tensors_(tensors.target_buffers, tensors.source_buffers)
         train_mode = bool(task.train) and task.iteration < int(loss.momentum_eval_mode_iter_start)
         if encoder.training != train_mode:
@@ -222,8 +231,4 @@ class SwAVMomentumHook(VisslHook):
         loss.momentum_output = output
 
     def on_update(self, task: SelfSupervisionTask) -> None:
-        from vissl.models.momentum import ema_update_tensors_
-
-        loss: Any = task.loss
-        tensors = self._paired(task, self._encoder(task))
-        ema_update_tensors_(tensors, float(loss.momentum), copy_buffers=True)
+        self.teacher(task).update(task.base_model, None)

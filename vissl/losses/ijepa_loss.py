@@ -36,11 +36,20 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses._checks import build_from_params
+from vissl.models.momentum import (
+    DROPPED_PREFIXES_ATTR,
+    MomentumTeacher,
+    MomentumTeacherOwner,
+    TeacherStep,
+    build_momentum_schedule,
+    momentum_copy,
+)
 from vissl.models.token_masking import gather_tokens, keep_indices
 
 logger = logging.getLogger(__name__)
@@ -97,7 +106,7 @@ def ijepa_distance(prediction: torch.Tensor, target: torch.Tensor, loss_type: st
 
 
 @register_loss("ijepa_loss")
-class IJEPALoss(nn.Module):
+class IJEPALoss(MomentumTeacherOwner, nn.Module):
     """I-JEPA's loss with its target encoder (see the module docstring).
 
     Args:
@@ -125,9 +134,6 @@ class IJEPALoss(nn.Module):
         self.loss_type = loss_type
         self.momentum = float(momentum)
         self.final_momentum = float(final_momentum)
-        self.target_encoder: nn.Module | None = None
-        #: the target encoder's layer-normed tokens of this batch (set by IJEPAHook)
-        self.target_output: torch.Tensor | None = None
 
     @classmethod
     def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
@@ -192,42 +198,44 @@ class IJEPALoss(nn.Module):
         return build_from_params(cls, params, _KEY)
 
     # ------------------------------------------------------------ target encoder
+    #: the copy's checkpoint key (VISSL's name); ``loss.teacher`` in code
+    teacher_state_key = "target_encoder"
+
+    def momentum_schedule(self) -> ParamScheduler:
+        """I-JEPA's linear EMA factor from ``momentum`` to ``final_momentum``."""
+        return build_momentum_schedule("linear", self.momentum, self.final_momentum)
+
     def bind_model(self, model: nn.Module) -> None:
         """Make the target encoder: a frozen copy of ``model`` without its heads (the
         predictor), in eval mode (no drop path)."""
-        from vissl.losses.dino_loss import set_teacher_mode
-        from vissl.models.momentum import DROPPED_PREFIXES_ATTR, momentum_copy
-
         target = momentum_copy(model)
         heads = getattr(target, "heads", None)
         if isinstance(heads, nn.ModuleList) and len(heads):
             setattr(target, DROPPED_PREFIXES_ATTR, tuple(f"heads.{i}" for i in range(len(heads))))
             target.heads = nn.ModuleList()
-        set_teacher_mode(target)
-        self.target_encoder = target
+        self.attach_teacher(MomentumTeacher(target, self.momentum_schedule(), copy=False))
 
-    def train(self, mode: bool = True) -> IJEPALoss:
-        super().train(mode)
-        if self.target_encoder is not None:
-            from vissl.losses.dino_loss import set_teacher_mode
-
-            set_teacher_mode(self.target_encoder)
-        return self
-
-    def required_hooks(self) -> list[Any]:
-        from vissl.hooks.ijepa_hooks import IJEPAHook
-
-        return [IJEPAHook(self)]
+    def teacher_loss_inputs(self, sample: dict[str, Any], step: TeacherStep) -> dict[str, Any]:
+        """The target encoder's layer-normed patch tokens of the whole images
+        (``sample["input"]["data"]``)."""
+        inputs = sample["input"]
+        if not isinstance(inputs, Mapping) or "data" not in inputs:
+            raise ConfigError(
+                "ijepa_loss's target encoder needs the images as input 'data': set "
+                "config.DATA.TRAIN.INPUT_KEY_NAMES: [data, mask, target_masks].",
+                "config.DATA.TRAIN.INPUT_KEY_NAMES",
+            )
+        return {"teacher_output": self.run_target_encoder(inputs["data"])}
 
     @torch.no_grad()
     def run_target_encoder(self, images: torch.Tensor) -> torch.Tensor:
         """The target encoder's patch tokens of the whole images, layer-normed, ``(N, L, D)``."""
-        if self.target_encoder is None:
+        if self.teacher is None:
             raise RuntimeError(
                 "ijepa_loss.bind_model was not called: no target encoder (the trainer calls "
                 "it when it builds the task)."
             )
-        trunk = self.target_encoder.trunk
+        trunk = self.teacher.trunk
         assert isinstance(trunk, nn.Module)
         (tokens,) = trunk(images, [TARGET_FEATURE])
         return F.layer_norm(tokens, (tokens.shape[-1],))
@@ -237,9 +245,12 @@ class IJEPALoss(nn.Module):
         return linear_momentum(iteration, max_iteration, self.momentum, self.final_momentum)
 
     # ------------------------------------------------------------ loss
-    def forward(self, output: Any, target: Any) -> torch.Tensor:
+    def forward(
+        self, output: Any, target: Any, *, teacher_output: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The loss of the predictor's ``output`` ``(M * N, K, D)`` against the target
-        encoder's tokens on the blocks ``target`` (the ``(N, M, h, w)`` target masks)."""
+        encoder's tokens ``teacher_output`` ``(N, L, D)`` (:meth:`run_target_encoder`) on
+        the blocks ``target`` (the ``(N, M, h, w)`` target masks)."""
         if isinstance(output, Sequence) and not isinstance(output, torch.Tensor):
             if len(output) != 1:
                 raise ValueError(
@@ -252,14 +263,7 @@ class IJEPALoss(nn.Module):
                 "config.DATA.TRAIN.TARGET_KEY_NAMES: [target_masks].",
                 "config.DATA.TRAIN.TARGET_KEY_NAMES",
             )
-        tokens = self.target_output
-        if tokens is None:
-            raise RuntimeError(
-                "ijepa_loss has no target-encoder output for this batch: IJEPAHook (declared "
-                "in required_hooks) sets it on_forward; when calling the loss by hand, set "
-                "loss.target_output first."
-            )
-        self.target_output = None
+        tokens = self.given_teacher_output(teacher_output, "ijepa_loss")
         expected = target_block_tokens(tokens.detach(), target)
         if output.shape != expected.shape:
             raise ValueError(
