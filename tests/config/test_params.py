@@ -10,8 +10,10 @@ import pytest
 
 from vissl.config.attr_dict import AttrDict
 from vissl.config.params import (
+    Finite,
     IntAtLeast,
     NonNegative,
+    Note,
     OneOf,
     Positive,
     Range,
@@ -39,7 +41,8 @@ class Toy:
     momentum: Annotated[float, Unit] = 0.5
     drop: Annotated[float, UnitOpen] = 0.0
     weight: Annotated[float, NonNegative] = 1.0
-    num_crops: Annotated[int, IntAtLeast(2)] = 2
+    coeff: Annotated[float, Finite, NonNegative] = 1.0
+    num_crops: Annotated[int, IntAtLeast(2), Note("2 large crops")] = 2
     mode: Annotated[str, OneOf("nce", "cross_entropy")] = "nce"
     kind: Literal["a", "b"] = "a"
     flag: bool = False
@@ -109,7 +112,7 @@ def test_unknown_key_in_a_nested_block_has_the_nested_path() -> None:
         ("temperature", "0.1", "a number > 0"),
         ("temperature", True, "a number > 0"),
         ("temperature", None, "a number > 0"),
-        ("num_crops", 2.0, "an integer >= 2"),
+        ("num_crops", 2.0, "an integer >= 2 (2 large crops)"),
         ("flag", 1, "true or false"),
         ("mode", 3, "one of ['nce', 'cross_entropy']"),
         ("dims", 8, "a list of integers >= 1"),
@@ -134,7 +137,9 @@ def test_wrong_type_names_path_expectation_and_value(key: str, value: Any, expec
         ("momentum", -0.1, "a number in [0, 1]"),
         ("drop", 1, "a number in [0, 1)"),
         ("weight", -1, "a number >= 0"),
-        ("num_crops", 1, "an integer >= 2"),
+        ("coeff", float("inf"), "a finite number >= 0"),
+        ("coeff", -1.0, "a finite number >= 0"),
+        ("num_crops", 1, "an integer >= 2 (2 large crops)"),
         ("mode", "NCE", "one of ['nce', 'cross_entropy']"),
         ("kind", "c", "one of ['a', 'b']"),
     ],

@@ -44,8 +44,10 @@ from typing import Any, TypeVar, Union
 from vissl.errors import ConfigError, UnknownKeyError
 
 __all__ = [
+    "Finite",
     "IntAtLeast",
     "NonNegative",
+    "Note",
     "OneOf",
     "Positive",
     "Range",
@@ -115,6 +117,31 @@ Unit = Range(low=0, high=1)
 UnitOpen = Range(low=0, high=1, high_open=True)
 
 
+class _Finite(Constraint):
+    """Not infinite and not NaN (use with ``float``)."""
+
+    def ok(self, value: Any) -> bool:
+        return math.isfinite(value)
+
+    def describe(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return "Finite"
+
+
+#: A finite number (not inf, not NaN): ``Annotated[float, Finite, NonNegative]``.
+Finite = _Finite()
+
+
+@dataclass(frozen=True)
+class Note:
+    """Why a key has its rule, shown in parentheses after the expectation in errors:
+    ``Annotated[int, IntAtLeast(2), Note("2 large crops, then the small ones")]``."""
+
+    text: str
+
+
 def IntAtLeast(minimum: int) -> Range:
     """An integer >= ``minimum`` (use with ``int``: ``Annotated[int, IntAtLeast(1)]``)."""
     return Range(low=minimum)
@@ -167,13 +194,17 @@ def describe(tp: Any) -> str:
         return "any value"
     if origin is typing.Annotated:
         inner, *marks = typing.get_args(tp)
-        words = [describe(inner)]
+        base = describe(inner)
+        if any(m is Finite for m in marks):
+            base = base.replace("a number", "a finite number")
+        words = [base]
         for m in marks:
             if isinstance(m, OneOf):
                 return m.describe()
             if isinstance(m, Constraint) and m.describe():
                 words.append(m.describe())
-        return " ".join(words)
+        notes = [m.text for m in marks if isinstance(m, Note)]
+        return " ".join(words) + "".join(f" ({n})" for n in notes)
     if _is_union(tp):
         args = typing.get_args(tp)
         parts = [describe(a) for a in args if a is not _NONE]
