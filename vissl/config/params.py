@@ -207,6 +207,8 @@ def describe(tp: Any) -> str:
         return " ".join(words) + "".join(f" ({n})" for n in notes)
     if _is_union(tp):
         args = typing.get_args(tp)
+        if set(args) - {_NONE} == {int, float}:  # "an integer or a number" says less
+            return "null or a number" if _NONE in args else "a number"
         parts = [describe(a) for a in args if a is not _NONE]
         text = " or ".join(parts)
         return f"null or {text}" if _NONE in args else text

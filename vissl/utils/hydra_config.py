@@ -501,8 +501,13 @@ def convert_to_attrdict(
     _infer_sharded_ddp(config)
     _infer_list_meters(config)
     # What the loss infers from the rest of the config, written once, here: the saved
-    # config (train_config.yaml, the checkpoints') is what the loss is built from.
-    infer_loss_config(config)
+    # config (train_config.yaml, the checkpoints') is what the loss is built from. A
+    # config the loss refuses is left as it is: building the loss reports the error, with
+    # its key path, where it always did.
+    try:
+        infer_loss_config(config)
+    except Exception as err:
+        logger.debug("the loss's inference refused the config (the build reports it): %s", err)
     root = AttrDict(container)
     return root, root.config
 
