@@ -225,3 +225,28 @@ def test_describe_and_range_words() -> None:
     assert describe(Annotated[float, Range(high=5, high_open=True)]) == "a number < 5"
     assert describe(int | str) == "an integer or a string"
     assert describe(list[float] | None) == "null or a list of numbers"
+
+
+def test_a_shared_section_leaves_other_keys_to_other_components() -> None:
+    section = {"size": 2, "num_epochs": 10, "name": "sgd"}
+    assert parse(Required, section, "config.OPTIMIZER", shared=True) == Required(size=2)
+    with pytest.raises(UnknownKeyError):
+        parse(Required, section, "config.OPTIMIZER")
+    err = _err_shared({"size": 0, "name": "sgd"})
+    assert err.key_path == "config.OPTIMIZER.size"
+
+
+def _err_shared(mapping: dict[str, Any]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse(Required, mapping, "config.OPTIMIZER", shared=True)
+    return info.value
+
+
+def test_int_or_float_keeps_the_number_as_given() -> None:
+    @dataclass(kw_only=True, frozen=True)
+    class Num:
+        momentum: Annotated[int | float, UnitOpen] = 0.0
+
+    assert type(parse(Num, {"momentum": 0}, KEY).momentum) is int
+    assert describe(Annotated[int | float, UnitOpen]) == "a number in [0, 1)"
+    assert str(_err({"momentum": 1}, Num)) == f"{KEY}.momentum must be a number in [0, 1), got 1."

@@ -364,7 +364,9 @@ def _unknown_key_error(key_path: str, unknown: Sequence[str], valid: list[str]) 
     )
 
 
-def parse(params_cls: type[P], mapping: Mapping[str, Any] | None, key_path: str) -> P:
+def parse(
+    params_cls: type[P], mapping: Mapping[str, Any] | None, key_path: str, *, shared: bool = False
+) -> P:
     """Read ``mapping`` (the config block at ``key_path``) into ``params_cls``.
 
     Args:
@@ -373,6 +375,9 @@ def parse(params_cls: type[P], mapping: Mapping[str, Any] | None, key_path: str)
         mapping: the block; ``None`` means empty (every key at its default).
         key_path: the block's dotted path in the config (``config.LOSS.barlow_twins_loss``),
             used in every error.
+        shared: the mapping is a section several components read (``config.OPTIMIZER``,
+            whose keys the config validation checks): keys ``params_cls`` does not
+            declare are left to the others instead of refused.
 
     Returns:
         The dataclass, every value checked (and converted where its type says).
@@ -391,7 +396,7 @@ def parse(params_cls: type[P], mapping: Mapping[str, Any] | None, key_path: str)
         raise ConfigError(f"{key_path} must be {describe(params_cls)}, got {mapping!r}.", key_path)
     fields = {f.name: f for f in dataclasses.fields(params_cls) if f.init}  # type: ignore[arg-type]
     valid = sorted(fields)
-    unknown = sorted(str(k) for k in mapping if k not in fields)
+    unknown = [] if shared else sorted(str(k) for k in mapping if k not in fields)
     if unknown:
         raise _unknown_key_error(key_path, unknown, valid)
     hints = _hints(params_cls)
