@@ -12,6 +12,8 @@ from vissl.config.attr_dict import AttrDict
 from vissl.config.params import (
     Finite,
     IntAtLeast,
+    Length,
+    NonEmpty,
     NonNegative,
     Note,
     OneOf,
@@ -250,3 +252,18 @@ def test_int_or_float_keeps_the_number_as_given() -> None:
     assert type(parse(Num, {"momentum": 0}, KEY).momentum) is int
     assert describe(Annotated[int | float, UnitOpen]) == "a number in [0, 1)"
     assert str(_err({"momentum": 1}, Num)) == f"{KEY}.momentum must be a number in [0, 1), got 1."
+
+
+def test_list_length() -> None:
+    @dataclass(kw_only=True, frozen=True)
+    class Stages:
+        depths: Annotated[list[Annotated[int, IntAtLeast(1)]], Length(4)] = field(
+            default_factory=lambda: [1, 1, 1, 1]
+        )
+        heads: Annotated[list[int], NonEmpty] = field(default_factory=lambda: [1])
+
+    assert parse(Stages, {"depths": [2, 2, 6, 2]}, KEY).depths == [2, 2, 6, 2]
+    err = _err({"depths": [3, 3, 3]}, Stages)
+    assert str(err) == f"{KEY}.depths must be a list of 4 integers >= 1, got [3, 3, 3]."
+    err = _err({"heads": []}, Stages)
+    assert str(err) == f"{KEY}.heads must be a non-empty list of integers, got []."

@@ -46,6 +46,8 @@ from vissl.errors import ConfigError, UnknownKeyError
 __all__ = [
     "Finite",
     "IntAtLeast",
+    "Length",
+    "NonEmpty",
     "NonNegative",
     "Note",
     "OneOf",
@@ -135,6 +137,24 @@ Finite = _Finite()
 
 
 @dataclass(frozen=True)
+class Length(Constraint):
+    """A list of exactly ``n`` entries (``n`` at least, with ``at_least``)."""
+
+    n: int
+    at_least: bool = False
+
+    def ok(self, value: Any) -> bool:
+        return len(value) >= self.n if self.at_least else len(value) == self.n
+
+    def describe(self) -> str:
+        return ""
+
+
+#: A list with at least one entry.
+NonEmpty = Length(1, at_least=True)
+
+
+@dataclass(frozen=True)
 class Note:
     """Why a key has its rule, shown in parentheses after the expectation in errors:
     ``Annotated[int, IntAtLeast(2), Note("2 large crops, then the small ones")]``."""
@@ -197,6 +217,14 @@ def describe(tp: Any) -> str:
         base = describe(inner)
         if any(m is Finite for m in marks):
             base = base.replace("a number", "a finite number")
+        for m in marks:
+            if isinstance(m, Length) and base.startswith("a list of "):
+                count = f"at least {m.n}" if m.at_least else str(m.n)
+                base = (
+                    "a non-empty list of " + base[len("a list of ") :]
+                    if m.at_least and m.n == 1
+                    else f"a list of {count} {base[len('a list of ') :]}"
+                )
         words = [base]
         for m in marks:
             if isinstance(m, OneOf):
