@@ -112,7 +112,7 @@ def quick_config() -> AttrDict:
 
 def test_patch_size_comes_from_the_trunk_and_must_agree() -> None:
     cfg = quick_config()
-    assert cfg.LOSS.mae_loss.patch_size is None
+    assert cfg.LOSS.mae_loss.patch_size == 4  # written by the config stage (the trunk's)
     assert build_loss(cfg.LOSS, cfg).patch_size == 4
     cfg.LOSS.mae_loss.patch_size = 8
     with pytest.raises(ConfigError, match="differs from the trunk"):

@@ -290,9 +290,12 @@ def test_the_task_sets_num_train_samples_from_the_data(tmp_path) -> None:
     from vissl.trainer.task import SelfSupervisionTask
 
     cfg = _config(f"config.CHECKPOINT.DIR={tmp_path}")
+    given = cfg.to_dict()
     task = SelfSupervisionTask(cfg, str(tmp_path), torch.device("cpu"), ()).build()
     assert isinstance(task.loss, NCELossWithMemory)
     assert task.loss.num_items == 24 == len(task.datasets["TRAIN"])
+    # built from a copy: the validated (and saved) config is not written into
+    assert task.config.to_dict() == given
 
 
 def test_a_bf16_autocast_still_scores_in_fp32() -> None:

@@ -413,7 +413,7 @@ def test_defaults_and_embedding_dim_from_the_head(quick_cfg) -> None:
         "std_coeff": 25.0,
         "cov_coeff": 1.0,
         "eps": 0.0001,
-        "embedding_dim": 8192,
+        "embedding_dim": 64,  # written by the config stage: the head's output width
     }
     loss = build_loss(cfg.LOSS, cfg)
     assert isinstance(loss, VICRegLoss) and loss.embedding_dim == 64

@@ -24,7 +24,6 @@ other files in the folder (``CHECKPOINT.DIR: "."`` is the current folder) stay.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import re
@@ -39,8 +38,8 @@ from vissl.config.compare import (
     format_differences,
     recorded_config,
 )
+from vissl.config.derive import derived_config
 from vissl.errors import RunFolderError
-from vissl.losses import infer_loss_config
 from vissl.trainer.checkpointing import (
     ResumeChoice,
     choose_resume_checkpoint,
@@ -114,16 +113,10 @@ def move_run_aside(folder: str) -> str | None:
 
 
 def as_recorded(cfg: Any) -> AttrDict:
-    """``cfg`` as a checkpoint of it records it: with what the loss infers from the rest
-    of the config when the task is built (:func:`vissl.losses.infer_loss_config`), on a
-    copy. A loss that cannot infer (a config error) leaves it as it is: the run then
-    fails on that error where it always did."""
-    recorded = AttrDict(copy.deepcopy(dict(cfg)))
-    try:
-        infer_loss_config(recorded)
-    except Exception as err:
-        logger.debug("the loss's inference failed on a copy of the config: %s", err)
-    return recorded
+    """``cfg`` as a checkpoint or ``train_config.yaml`` records it: with what the loss
+    infers from the rest of the config (:func:`vissl.config.derive.derived_config`), on a
+    copy."""
+    return derived_config(cfg)
 
 
 def _train_config(folder: str) -> dict[str, Any] | None:
@@ -148,7 +141,9 @@ def run_differences(
     """
     given = _train_config(folder)
     if given is not None:
-        return given, config_differences(given, cfg)
+        # train_config.yaml holds the derived values (written by older versions without
+        # them): both sides are compared derived
+        return given, config_differences(as_recorded(given), as_recorded(cfg))
     if checkpoint is None:
         finals = [name for kind, _, name in list_checkpoints(folder) if kind == "final"]
         checkpoint = os.path.join(folder, finals[-1]) if finals else None

@@ -1,11 +1,17 @@
-"""Typed checks of a loss's config values, each raising a ConfigError with the key path."""
+"""Typed checks of a loss's config values, each raising a ConfigError with the key path.
+
+A thin layer over :mod:`vissl.config.params` for the losses that do not declare a
+``Params`` dataclass yet: the same checks and the same wording. New code declares its
+parameters as a dataclass and calls :func:`vissl.config.params.parse`.
+"""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
+from vissl.config.params import IntAtLeast, NonNegative, Positive, Unit, UnitOpen, check_value
 from vissl.errors import ConfigError
 
 T = TypeVar("T")
@@ -35,32 +41,21 @@ class KeyChecks:
     def __init__(self, root: str) -> None:
         self.root = root
 
-    def _fail(self, key: str, what: str, value: Any) -> ConfigError:
-        path = f"{self.root}.{key}"
-        return ConfigError(f"{path} must be {what}, got {value!r}.", path)
+    def _check(self, value: Any, tp: Any, key: str) -> Any:
+        return check_value(value, tp, f"{self.root}.{key}")
 
     def positive(self, value: Any, key: str) -> float:
-        if not is_number(value) or value <= 0:
-            raise self._fail(key, "a number > 0", value)
-        return float(value)
+        return float(self._check(value, Annotated[float, Positive], key))
 
     def non_negative(self, value: Any, key: str) -> float:
-        if not is_number(value) or value < 0:
-            raise self._fail(key, "a number >= 0", value)
-        return float(value)
+        return float(self._check(value, Annotated[float, NonNegative], key))
 
     def unit(self, value: Any, key: str, upper_open: bool = False) -> float:
         """A number in [0, 1] (or [0, 1) with ``upper_open``)."""
-        if not is_number(value) or not (0 <= value < 1 if upper_open else 0 <= value <= 1):
-            raise self._fail(key, f"a number in {'[0, 1)' if upper_open else '[0, 1]'}", value)
-        return float(value)
+        return float(self._check(value, Annotated[float, UnitOpen if upper_open else Unit], key))
 
     def count(self, value: Any, key: str, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self._fail(key, f"an integer >= {minimum}", value)
-        return value
+        return int(self._check(value, Annotated[int, IntAtLeast(minimum)], key))
 
     def flag(self, value: Any, key: str) -> bool:
-        if not isinstance(value, bool):
-            raise self._fail(key, "true or false", value)
-        return value
+        return bool(self._check(value, bool, key))

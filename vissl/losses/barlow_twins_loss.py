@@ -22,15 +22,18 @@ global batch (not ``1 / world_size`` of it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 from torch import nn
 
+from vissl.config.params import IntAtLeast, NonNegative, Positive, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses.config_inference import head_output_dim, transform_num_crops
+from vissl.losses.config_inference import head_output_dim
+from vissl.losses.predictor_common import check_two_views
 from vissl.utils.distributed import gather_from_all
 
 logger = logging.getLogger(__name__)
@@ -38,21 +41,21 @@ logger = logging.getLogger(__name__)
 _KEY = "config.LOSS.barlow_twins_loss"
 
 
-def _number(value: Any, key: str, positive: bool) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok and (value <= 0 if positive else value < 0):
-        ok = False
-    if not ok:
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{_KEY}.{key} must be a number {bound}, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
 def standardize(z: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """Per-column ``(z - mean) / sqrt(var + eps)`` over the rows (biased variance)."""
     mean = z.mean(dim=0, keepdim=True)
     var = z.var(dim=0, unbiased=False, keepdim=True)
     return (z - mean) / torch.sqrt(var + eps)
+
+
+@dataclass(kw_only=True, frozen=True)
+class BarlowTwinsParams:
+    """``config.LOSS.barlow_twins_loss``."""
+
+    lambda_: Annotated[float, NonNegative] = 0.0051
+    scale_loss: Annotated[float, Positive] = 0.024
+    embedding_dim: Annotated[int, IntAtLeast(1)] = 8192
+    eps: float = 1e-5
 
 
 @register_loss("barlow_twins_loss")
@@ -66,55 +69,50 @@ class BarlowTwinsLoss(nn.Module):
         eps: added to the variance when standardising.
     """
 
+    Params = BarlowTwinsParams
+
     def __init__(
         self,
-        lambda_: float = 0.0051,
-        scale_loss: float = 0.024,
-        embedding_dim: int = 8192,
-        eps: float = 1e-5,
+        lambda_: float = BarlowTwinsParams.lambda_,
+        scale_loss: float = BarlowTwinsParams.scale_loss,
+        embedding_dim: int = BarlowTwinsParams.embedding_dim,
+        eps: float = BarlowTwinsParams.eps,
     ) -> None:
         super().__init__()
-        self.lambda_ = _number(lambda_, "lambda_", positive=False)
-        self.scale_loss = _number(scale_loss, "scale_loss", positive=True)
-        if (
-            isinstance(embedding_dim, bool)
-            or not isinstance(embedding_dim, int)
-            or embedding_dim <= 0
-        ):
-            raise ConfigError(
-                f"{_KEY}.embedding_dim must be a positive integer, got {embedding_dim!r}.",
-                f"{_KEY}.embedding_dim",
-            )
-        self.embedding_dim = embedding_dim
-        self.eps = float(eps)
+        p = parse(
+            BarlowTwinsParams,
+            {
+                "lambda_": lambda_,
+                "scale_loss": scale_loss,
+                "embedding_dim": embedding_dim,
+                "eps": eps,
+            },
+            _KEY,
+        )
+        self.lambda_ = p.lambda_
+        self.scale_loss = p.scale_loss
+        self.embedding_dim = p.embedding_dim
+        self.eps = p.eps
 
     @classmethod
-    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
-        """``embedding_dim`` from the head's last ``dims`` entry; two views per sample.
+    def derive(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with ``embedding_dim`` from the head's last ``dims`` entry (a new
+        mapping); checks that the transforms make two views per sample.
 
         Raises:
             ConfigError: the transforms make other than 2 views per sample.
         """
+        out = dict(params)
         head_dim = head_output_dim(config)
-        if head_dim is not None and params.get("embedding_dim") != head_dim:
+        if head_dim is not None and out.get("embedding_dim") != head_dim:
             logger.info("%s.embedding_dim set to %d, the head's output width", _KEY, head_dim)
-            params["embedding_dim"] = head_dim
-        views = transform_num_crops(config["DATA"]["TRAIN"].get("TRANSFORMS", []))
-        if views is not None and views != 2:
-            raise ConfigError(
-                f"{_KEY}: Barlow Twins compares exactly 2 views of each sample, the "
-                f"transforms of config.DATA.TRAIN.TRANSFORMS make {views}; use "
-                "ImgReplicatePil with num_times: 2 (or ImgPilToMultiCrop with 2 crops).",
-                "config.DATA.TRAIN.TRANSFORMS",
-            )
+            out["embedding_dim"] = head_dim
+        check_two_views(config, _KEY, "Barlow Twins")
+        return out
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> BarlowTwinsLoss:
-        return cls(
-            lambda_=params.get("lambda_", 0.0051),
-            scale_loss=params.get("scale_loss", 0.024),
-            embedding_dim=params.get("embedding_dim", 8192),
-        )
+        return cls(**vars(parse(BarlowTwinsParams, params, _KEY)))
 
     def cross_correlation(self, z_a: torch.Tensor, z_b: torch.Tensor) -> torch.Tensor:
         """The ``(D, D)`` cross-correlation of the global batch from this rank's rows."""

@@ -8,13 +8,14 @@ registered falls back to the ``torch.nn`` loss class of that name (``CrossEntrop
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from vissl.config.attr_dict import AttrDict
+from vissl.config.derive import derive_params, infer_loss_config
 from vissl.errors import ConfigError, UnknownNameError
 from vissl.losses import LOSS_REGISTRY
 
@@ -42,6 +43,8 @@ def _resolve_torch_loss(name: str) -> Any:
 
 
 LOSS_REGISTRY.add_fallback(_resolve_torch_loss, torch_loss_names, "every torch.nn loss class")
+
+__all__ = ["build_loss", "derive_params", "infer_loss_config", "torch_loss_names"]
 
 
 def _loss_params(loss_config: Mapping[str, Any], name: str) -> AttrDict:
@@ -78,26 +81,6 @@ def _build_torch_loss(cls: type[nn.Module], name: str, params: AttrDict) -> nn.M
         ) from err
 
 
-def infer_loss_config(config: MutableMapping[str, Any]) -> None:
-    """Fill in, in place, what the selected loss infers from the rest of ``config`` (its
-    ``infer_config(params, config)``: crops from the transforms, prototypes from the head,
-    queue lengths from the batch size), as :func:`build_loss` does when the task is built.
-
-    The run folder's checks compare a new config with the one a checkpoint records, which
-    holds these values: the new one must hold them too. A name that is not a registered
-    loss (a ``torch.nn`` loss, a typo) has nothing to infer.
-    """
-    loss_config = config.get("LOSS")
-    if not isinstance(loss_config, Mapping):
-        return
-    name = loss_config.get("name")
-    if not isinstance(name, str) or name not in LOSS_REGISTRY:
-        return
-    infer_config = getattr(LOSS_REGISTRY.get(name), "infer_config", None)
-    if callable(infer_config):
-        infer_config(_loss_params(loss_config, name), config)
-
-
 def build_loss(
     loss_config: Mapping[str, Any], config: Mapping[str, Any] | None = None
 ) -> nn.Module:
@@ -106,10 +89,11 @@ def build_loss(
     Args:
         loss_config: the ``config.LOSS`` section: ``name`` plus one block of parameters
             per loss, ``LOSS.<name>``.
-        config: the whole ``config`` section. When given and the loss class defines a
-            classmethod ``infer_config(params, config)``, it is called first to fill in
-            (in place) what VISSL infers from the rest of the config: crops from the
-            transforms, prototypes from the head, queue lengths from the batch size.
+        config: the whole ``config`` section. When given, the loss is built from its
+            block with what it infers from the rest of the config (:func:`derive_params`:
+            crops from the transforms, prototypes from the head, queue lengths from the
+            batch size). Neither argument is changed: the config stage has already written
+            the derived values into the config (:func:`infer_loss_config`).
 
     Returns:
         The loss module. Registered classes with a ``from_config(cls, cfg)`` classmethod
@@ -139,9 +123,7 @@ def build_loss(
     params = _loss_params(loss_config, name)
     if name not in LOSS_REGISTRY:
         return _build_torch_loss(cls, name, params)
-    infer_config = getattr(cls, "infer_config", None)
-    if config is not None and callable(infer_config):
-        infer_config(params, config)
+    params = derive_params(cls, params, config)
     from_config = getattr(cls, "from_config", None)
     if callable(from_config):
         loss = from_config(params)

@@ -9,12 +9,14 @@ or per-class (soft, e.g. mixed-up or smoothed) vectors ``(B, C)``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import OneOf, Positive, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 
@@ -30,6 +32,19 @@ def _reduce(per_sample: torch.Tensor, reduction: str) -> torch.Tensor:
     return per_sample
 
 
+@dataclass(kw_only=True, frozen=True)
+class CrossEntropyParams:
+    """``config.LOSS.cross_entropy_multiple_output_single_target``."""
+
+    #: per-class weights (null: none)
+    weight: list[float] | None = None
+    reduction: Annotated[str, OneOf(*_REDUCTIONS)] = "mean"
+    ignore_index: int = -1
+    normalize_output: bool = False
+    temperature: Annotated[float, Positive] = 1.0
+    label_smoothing: Annotated[float, Unit] = 0.0
+
+
 @register_loss("cross_entropy_multiple_output_single_target")
 class CrossEntropyMultipleOutputSingleTargetLoss(nn.Module):
     """Sum over outputs of the cross entropy against one target.
@@ -43,40 +58,36 @@ class CrossEntropyMultipleOutputSingleTargetLoss(nn.Module):
         label_smoothing: amount of label smoothing in ``[0, 1]`` (hard targets only).
     """
 
+    Params = CrossEntropyParams
+
     def __init__(
         self,
-        weight: Sequence[float] | torch.Tensor | None = None,
-        reduction: str = "mean",
-        ignore_index: int = -1,
-        normalize_output: bool = False,
-        temperature: float = 1.0,
-        label_smoothing: float = 0.0,
+        weight: Sequence[float] | torch.Tensor | None = CrossEntropyParams.weight,
+        reduction: str = CrossEntropyParams.reduction,
+        ignore_index: int = CrossEntropyParams.ignore_index,
+        normalize_output: bool = CrossEntropyParams.normalize_output,
+        temperature: float = CrossEntropyParams.temperature,
+        label_smoothing: float = CrossEntropyParams.label_smoothing,
     ) -> None:
         super().__init__()
-        if reduction not in _REDUCTIONS:
-            raise ConfigError(
-                f"{_KEY}.reduction must be one of {list(_REDUCTIONS)}, got {reduction!r}.",
-                f"{_KEY}.reduction",
-            )
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise ConfigError(
-                f"{_KEY}.temperature must be a number, got {temperature!r}.",
-                f"{_KEY}.temperature",
-            )
-        if temperature <= 0:
-            raise ConfigError(
-                f"{_KEY}.temperature must be > 0, got {temperature}.", f"{_KEY}.temperature"
-            )
-        if not 0.0 <= float(label_smoothing) <= 1.0:
-            raise ConfigError(
-                f"{_KEY}.label_smoothing must be in [0, 1], got {label_smoothing}.",
-                f"{_KEY}.label_smoothing",
-            )
-        self.reduction = reduction
-        self.ignore_index = int(ignore_index)
-        self.normalize_output = bool(normalize_output)
-        self.temperature = float(temperature)
-        self.label_smoothing = float(label_smoothing)
+        p = parse(
+            CrossEntropyParams,
+            {
+                # a tensor (Python use) is checked below, by its shape
+                "weight": None if isinstance(weight, torch.Tensor) else weight,
+                "reduction": reduction,
+                "ignore_index": ignore_index,
+                "normalize_output": normalize_output,
+                "temperature": temperature,
+                "label_smoothing": label_smoothing,
+            },
+            _KEY,
+        )
+        self.reduction = p.reduction
+        self.ignore_index = p.ignore_index
+        self.normalize_output = p.normalize_output
+        self.temperature = p.temperature
+        self.label_smoothing = p.label_smoothing
         class_weight = None
         if weight is not None:
             class_weight = torch.as_tensor(weight, dtype=torch.float32)
@@ -93,14 +104,7 @@ class CrossEntropyMultipleOutputSingleTargetLoss(nn.Module):
         cls, loss_config: Mapping[str, Any]
     ) -> CrossEntropyMultipleOutputSingleTargetLoss:
         """Build from ``LOSS.cross_entropy_multiple_output_single_target``."""
-        return cls(
-            weight=loss_config.get("weight"),
-            reduction=loss_config.get("reduction", "mean"),
-            ignore_index=loss_config.get("ignore_index", -1),
-            normalize_output=loss_config.get("normalize_output", False),
-            temperature=loss_config.get("temperature", 1.0),
-            label_smoothing=loss_config.get("label_smoothing", 0.0),
-        )
+        return cls(**vars(parse(CrossEntropyParams, loss_config, _KEY)))
 
     def _one(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if pred.ndim != 2:

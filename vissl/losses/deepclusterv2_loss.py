@@ -48,14 +48,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import IntAtLeast, Positive, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import find_head_params, head_output_dim, transform_num_crops
@@ -78,33 +80,54 @@ KMEANS_CHUNK_ROWS = 65536
 ONE_HOT_ELEMENTS = 1 << 23
 
 
-# --------------------------------------------------------------------------- checks
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# --------------------------------------------------------------------------- params
+_PosInt = Annotated[int, IntAtLeast(1)]
+_Crop = Annotated[int, IntAtLeast(0)]
 
 
-def _positive_int(value: Any, key: str) -> int:
-    if not _is_int(value) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}.{key} must be a positive integer, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return int(value)
+def _as_list(value: int | list[int]) -> list[int]:
+    return [value] if isinstance(value, int) else list(value)
 
 
-def _int_list(value: Any, key: str, minimum: int) -> list[int]:
-    if _is_int(value):
-        value = [value]
-    if (
-        not isinstance(value, Sequence)
-        or isinstance(value, str)
-        or len(value) == 0
-        or not all(_is_int(v) and v >= minimum for v in value)
-    ):
-        raise ConfigError(
-            f"{_KEY}.{key} must be a non-empty list of integers >= {minimum}, got {value!r}.",
-            f"{_KEY}.{key}",
-        )
-    return [int(v) for v in value]
+@dataclass(kw_only=True, frozen=True)
+class DeepClusterV2MemoryParams:
+    """``memory_params``: which crops the memory keeps, and their width."""
+
+    #: one crop index or several (distinct, below num_crops)
+    crops_for_mb: _Crop | list[_Crop] = field(default_factory=lambda: [0])
+    embedding_dim: _PosInt = 128
+
+
+@dataclass(kw_only=True, frozen=True)
+class DeepClusterV2Params:
+    """``config.LOSS.deepclusterv2_loss`` (VISSL's keys; ``BATCHSIZE_PER_REPLICA``,
+    ``DROP_LAST``, ``num_crops``, ``num_clusters`` and ``embedding_dim`` are derived from
+    the rest of the config)."""
+
+    #: -1: not known yet (the run builds the loss with the data set's size)
+    num_train_samples: int = -1
+    BATCHSIZE_PER_REPLICA: _PosInt = 256
+    DROP_LAST: bool = True
+    num_crops: _PosInt = 2
+    temperature: Annotated[float, Positive] = 0.1
+    #: centroids of each clustering (one int: one clustering)
+    num_clusters: _PosInt | list[_PosInt] = field(default_factory=lambda: [3000, 3000, 3000])
+    kmeans_iters: Annotated[int, IntAtLeast(0)] = 10
+    memory_params: DeepClusterV2MemoryParams = field(default_factory=DeepClusterV2MemoryParams)
+
+    def check(self, key_path: str) -> None:
+        if not _as_list(self.num_clusters):
+            raise ConfigError(
+                f"{key_path}.num_clusters must be a non-empty list of integers >= 1, got [].",
+                f"{key_path}.num_clusters",
+            )
+        crops = _as_list(self.memory_params.crops_for_mb)
+        if not crops or any(c >= self.num_crops for c in crops) or len(set(crops)) != len(crops):
+            raise ConfigError(
+                f"{key_path}.memory_params.crops_for_mb={crops} must be distinct crop "
+                f"indices below num_crops={self.num_crops} (at least one).",
+                f"{key_path}.memory_params.crops_for_mb",
+            )
 
 
 # --------------------------------------------------------------------------- k-means
@@ -247,56 +270,46 @@ class DeepClusterV2Loss(nn.Module):
     local_memory_embeddings: torch.Tensor
     local_memory_index: torch.Tensor
 
+    Params = DeepClusterV2Params
+
     def __init__(
         self,
-        num_train_samples: int = -1,
-        BATCHSIZE_PER_REPLICA: int = 256,  # VISSL's key
-        DROP_LAST: bool = True,  # VISSL's key
-        num_crops: int = 2,
-        temperature: float = 0.1,
+        num_train_samples: int = DeepClusterV2Params.num_train_samples,
+        BATCHSIZE_PER_REPLICA: int = DeepClusterV2Params.BATCHSIZE_PER_REPLICA,  # VISSL's key
+        DROP_LAST: bool = DeepClusterV2Params.DROP_LAST,  # VISSL's key
+        num_crops: int = DeepClusterV2Params.num_crops,
+        temperature: float = DeepClusterV2Params.temperature,
         num_clusters: Sequence[int] = (3000, 3000, 3000),
-        kmeans_iters: int = 10,
+        kmeans_iters: int = DeepClusterV2Params.kmeans_iters,
         crops_for_mb: Sequence[int] = (0,),
-        embedding_dim: int = 128,
+        embedding_dim: int = DeepClusterV2MemoryParams.embedding_dim,
         world_size: int | None = None,
     ) -> None:
         super().__init__()
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not temperature > 0
-        ):
-            raise ConfigError(
-                f"{_KEY}.temperature must be a number > 0, got {temperature!r}.",
-                f"{_KEY}.temperature",
-            )
-        self.temperature = float(temperature)
-        self.batch_size = _positive_int(BATCHSIZE_PER_REPLICA, "BATCHSIZE_PER_REPLICA")
-        self.drop_last = bool(DROP_LAST)
-        self.num_crops = _positive_int(num_crops, "num_crops")
-        self.num_clusters = _int_list(num_clusters, "num_clusters", 1)
+        p = parse(
+            DeepClusterV2Params,
+            {
+                "num_train_samples": num_train_samples,
+                "BATCHSIZE_PER_REPLICA": BATCHSIZE_PER_REPLICA,
+                "DROP_LAST": DROP_LAST,
+                "num_crops": num_crops,
+                "temperature": temperature,
+                "num_clusters": num_clusters,
+                "kmeans_iters": kmeans_iters,
+                "memory_params": {"crops_for_mb": crops_for_mb, "embedding_dim": embedding_dim},
+            },
+            _KEY,
+        )
+        self.temperature = p.temperature
+        self.batch_size = p.BATCHSIZE_PER_REPLICA
+        self.drop_last = p.DROP_LAST
+        self.num_crops = p.num_crops
+        self.num_clusters = _as_list(p.num_clusters)
         self.nmb_heads = len(self.num_clusters)
-        if not _is_int(kmeans_iters) or kmeans_iters < 0:
-            raise ConfigError(
-                f"{_KEY}.kmeans_iters must be an integer >= 0, got {kmeans_iters!r}.",
-                f"{_KEY}.kmeans_iters",
-            )
-        self.kmeans_iters = int(kmeans_iters)
-        self.crops_for_mb = _int_list(crops_for_mb, "memory_params.crops_for_mb", 0)
-        bad = [c for c in self.crops_for_mb if c >= self.num_crops]
-        if bad or len(set(self.crops_for_mb)) != len(self.crops_for_mb):
-            raise ConfigError(
-                f"{_KEY}.memory_params.crops_for_mb={list(crops_for_mb)} must be distinct crop "
-                f"indices below num_crops={self.num_crops}.",
-                f"{_KEY}.memory_params.crops_for_mb",
-            )
+        self.kmeans_iters = p.kmeans_iters
+        self.crops_for_mb = _as_list(p.memory_params.crops_for_mb)
         self.nmb_mbs = len(self.crops_for_mb)
-        self.embedding_dim = _positive_int(embedding_dim, "memory_params.embedding_dim")
-        if not _is_int(num_train_samples):
-            raise ConfigError(
-                f"{_KEY}.num_train_samples must be an integer, got {num_train_samples!r}.",
-                f"{_KEY}.num_train_samples",
-            )
+        self.embedding_dim = p.memory_params.embedding_dim
         self.world_size = int(world_size) if world_size is not None else get_world_size()
         for i, k in enumerate(self.num_clusters):
             self.register_buffer(f"centroids{i}", torch.zeros(k, self.embedding_dim))
@@ -322,8 +335,9 @@ class DeepClusterV2Loss(nn.Module):
 
     # ------------------------------------------------------------------ config
     @classmethod
-    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
-        """VISSL's inference: ``BATCHSIZE_PER_REPLICA`` and ``DROP_LAST`` from DATA.TRAIN,
+    def derive(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with VISSL's inference, as a new mapping: ``BATCHSIZE_PER_REPLICA``
+        and ``DROP_LAST`` from DATA.TRAIN,
         ``num_crops`` from the multi-crop transform; ``num_clusters`` and ``embedding_dim``
         from a ``swav_head`` (its prototypes are the centroids), else ``embedding_dim``
         from the head's output width.
@@ -348,21 +362,19 @@ class DeepClusterV2Loss(nn.Module):
                 f"sample_index and no LABEL_SOURCES (got LABEL_TYPE {label_type!r}).",
                 "config.DATA.TRAIN.LABEL_TYPE",
             )
+        params = dict(params)
         params["BATCHSIZE_PER_REPLICA"] = int(data["BATCHSIZE_PER_REPLICA"])
         params["DROP_LAST"] = bool(data.get("DROP_LAST", False))
         crops = transform_num_crops(data.get("TRANSFORMS", []))
         if crops is not None:
             params["num_crops"] = crops
-        memory = params.get("memory_params")
-        if memory is None:
-            params["memory_params"] = {}
-            memory = params["memory_params"]
+        memory = params["memory_params"] = dict(params.get("memory_params") or {})
         head_params = config["MODEL"]["HEAD"].get("PARAMS", [])
         swav = find_head_params(head_params, "swav_head")
         width = None
         if swav is not None:
             clusters = swav.get("num_clusters", [3000])
-            clusters = [int(clusters)] if _is_int(clusters) else list(clusters)
+            clusters = [clusters] if isinstance(clusters, int) else list(clusters)
             if list(params.get("num_clusters", [])) != clusters:
                 logger.info(
                     "%s.num_clusters set to the swav_head's num_clusters %s (its prototypes "
@@ -380,20 +392,21 @@ class DeepClusterV2Loss(nn.Module):
                 "%s.memory_params.embedding_dim set to %d, the head's output width.", _KEY, width
             )
             memory["embedding_dim"] = width
+        return params
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> DeepClusterV2Loss:
-        memory = params.get("memory_params") or {}
+        p = parse(DeepClusterV2Params, params, _KEY)
         return cls(
-            num_train_samples=params.get("num_train_samples", -1),
-            BATCHSIZE_PER_REPLICA=params.get("BATCHSIZE_PER_REPLICA", 256),
-            DROP_LAST=params.get("DROP_LAST", True),
-            num_crops=params.get("num_crops", 2),
-            temperature=params.get("temperature", 0.1),
-            num_clusters=list(params.get("num_clusters", [3000, 3000, 3000])),
-            kmeans_iters=params.get("kmeans_iters", 10),
-            crops_for_mb=list(memory.get("crops_for_mb", [0])),
-            embedding_dim=memory.get("embedding_dim", 128),
+            num_train_samples=p.num_train_samples,
+            BATCHSIZE_PER_REPLICA=p.BATCHSIZE_PER_REPLICA,
+            DROP_LAST=p.DROP_LAST,
+            num_crops=p.num_crops,
+            temperature=p.temperature,
+            num_clusters=_as_list(p.num_clusters),
+            kmeans_iters=p.kmeans_iters,
+            crops_for_mb=_as_list(p.memory_params.crops_for_mb),
+            embedding_dim=p.memory_params.embedding_dim,
         )
 
     def required_hooks(self) -> list[Any]:
@@ -452,7 +465,11 @@ class DeepClusterV2Loss(nn.Module):
     def allocate(self, num_train_samples: int) -> None:
         """(Re)allocate the memory and the assignment table for ``num_train_samples``
         samples; the memory is then empty and the assignments unset."""
-        if not _is_int(num_train_samples) or num_train_samples <= 0:
+        if (
+            isinstance(num_train_samples, bool)
+            or not isinstance(num_train_samples, int)
+            or num_train_samples <= 0
+        ):
             raise ConfigError(
                 f"{_KEY}.num_train_samples must be a positive integer here, got "
                 f"{num_train_samples!r}.",

@@ -25,12 +25,14 @@ DDP, is the mean over the global batch's masked patches: nothing is gathered.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 from torch import nn
 
+from vissl.config.params import IntAtLeast, Note, Positive, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.models.token_masking import patchify
@@ -84,6 +86,16 @@ def mae_reconstruction_loss(
     return (per_patch * weights).sum() / weights.sum().clamp(min=1.0)
 
 
+@dataclass(kw_only=True, frozen=True)
+class MAEParams:
+    """``config.LOSS.mae_loss``."""
+
+    norm_pix_loss: bool = True
+    #: null: the trunk's PATCH_SIZE (16 without a vision_transformer trunk)
+    patch_size: Annotated[int, IntAtLeast(1), Note("the trunk's PATCH_SIZE")] | None = None
+    eps: Annotated[float, Positive] = 1e-6
+
+
 @register_loss("mae_loss")
 class MAELoss(nn.Module):
     """MAE's loss (see the module docstring).
@@ -94,34 +106,37 @@ class MAELoss(nn.Module):
         eps: added to each patch's variance.
     """
 
-    def __init__(self, norm_pix_loss: bool = True, patch_size: int = 16, eps: float = 1e-6) -> None:
+    Params = MAEParams
+
+    def __init__(
+        self,
+        norm_pix_loss: bool = MAEParams.norm_pix_loss,
+        patch_size: int = 16,
+        eps: float = MAEParams.eps,
+    ) -> None:
         super().__init__()
-        if not isinstance(norm_pix_loss, bool):
+        p = parse(
+            MAEParams, {"norm_pix_loss": norm_pix_loss, "patch_size": patch_size, "eps": eps}, _KEY
+        )
+        if p.patch_size is None:  # null is for the config (the trunk's); here: a size
             raise ConfigError(
-                f"{_KEY}.norm_pix_loss must be True or False, got {norm_pix_loss!r}.",
-                f"{_KEY}.norm_pix_loss",
-            )
-        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size <= 0:
-            raise ConfigError(
-                f"{_KEY}.patch_size must be a positive integer (the trunk's PATCH_SIZE), "
-                f"got {patch_size!r}.",
+                f"{_KEY}.patch_size must be an integer >= 1 (the trunk's PATCH_SIZE), got None.",
                 f"{_KEY}.patch_size",
             )
-        if isinstance(eps, bool) or not isinstance(eps, int | float) or eps <= 0:
-            raise ConfigError(f"{_KEY}.eps must be a positive number, got {eps!r}.", f"{_KEY}.eps")
-        self.norm_pix_loss = norm_pix_loss
-        self.patch_size = patch_size
-        self.eps = float(eps)
+        self.norm_pix_loss = p.norm_pix_loss
+        self.patch_size = p.patch_size
+        self.eps = p.eps
 
     @classmethod
-    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
-        """``patch_size`` from the trunk when null; the masking transforms must cut the
-        same patches as the trunk.
+    def derive(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with ``patch_size`` from the trunk when null (a new mapping); the
+        masking transforms must cut the same patches as the trunk.
 
         Raises:
             ConfigError: patch sizes that disagree, or a target without the images and
                 the masks.
         """
+        params = dict(params)
         model = config.get("MODEL", {}) or {}
         trunk = model.get("TRUNK", {}) or {}
         vit = trunk.get("VISION_TRANSFORMERS", {}) or {}
@@ -154,14 +169,12 @@ class MAELoss(nn.Module):
                 f"config.DATA.TRAIN.TARGET_KEY_NAMES: [data, mask] (got {targets}).",
                 "config.DATA.TRAIN.TARGET_KEY_NAMES",
             )
+        return params
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> MAELoss:
-        return cls(
-            norm_pix_loss=params.get("norm_pix_loss", True),
-            patch_size=params.get("patch_size") or 16,
-            eps=params.get("eps", 1e-6),
-        )
+        p = parse(MAEParams, params, _KEY)
+        return cls(norm_pix_loss=p.norm_pix_loss, patch_size=p.patch_size or 16, eps=p.eps)
 
     def forward(self, output: Any, target: Any) -> torch.Tensor:
         """The loss of this rank's batch.

@@ -30,18 +30,22 @@ not overflow; the masks are cached per layout.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import IntAtLeast, Note, Positive, as_dict, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import head_output_dim
+from vissl.losses.simclr_info_nce_loss import BufferParams
 from vissl.utils.distributed import gather_from_all, get_rank, get_world_size
 
 logger = logging.getLogger(__name__)
@@ -160,14 +164,6 @@ class MultiCropSimclrInfoNCECriterion(nn.Module):
         return f"temperature={self.temperature}, num_crops={self.num_crops}"
 
 
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}.{key} must be a positive integer, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
-
-
 def _multicrop_total(config: Mapping[str, Any]) -> int | None:
     """``total_num_crops`` of the ImgPilToMultiCrop transform of DATA.TRAIN, if any."""
     transforms = ((config.get("DATA") or {}).get("TRAIN") or {}).get("TRANSFORMS") or []
@@ -178,6 +174,15 @@ def _multicrop_total(config: Mapping[str, Any]) -> int | None:
                 total = sum(transform.get("num_crops") or [])
             return int(total)
     return None
+
+
+@dataclass(kw_only=True, frozen=True)
+class MultiCropSimclrParams:
+    """``config.LOSS.multicrop_simclr_info_nce_loss``."""
+
+    temperature: Annotated[float, Positive] = 0.1
+    num_crops: Annotated[int, IntAtLeast(2), Note("2 large crops, then the small ones")] = 2
+    buffer_params: BufferParams = field(default_factory=BufferParams)
 
 
 @register_loss("multicrop_simclr_info_nce_loss")
@@ -193,43 +198,39 @@ class MultiCropSimclrInfoNCELoss(nn.Module):
         effective_batch_size: informational (rows of the gathered buffer).
     """
 
+    Params = MultiCropSimclrParams
+
     def __init__(
         self,
-        temperature: float = 0.1,
-        num_crops: int = 2,
-        embedding_dim: int | None = None,
-        world_size: int | None = None,
-        effective_batch_size: int | None = None,
+        temperature: float = MultiCropSimclrParams.temperature,
+        num_crops: int = MultiCropSimclrParams.num_crops,
+        embedding_dim: int | None = BufferParams.embedding_dim,
+        world_size: int | None = BufferParams.world_size,
+        effective_batch_size: int | None = BufferParams.effective_batch_size,
     ) -> None:
         super().__init__()
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise ConfigError(
-                f"{_KEY}.temperature must be a number, got {temperature!r}.",
-                f"{_KEY}.temperature",
-            )
-        if temperature <= 0:
-            raise ConfigError(
-                f"{_KEY}.temperature must be > 0, got {temperature}.", f"{_KEY}.temperature"
-            )
-        if _positive_int(num_crops, "num_crops") < 2:
-            raise ConfigError(
-                f"{_KEY}.num_crops must be >= 2 (2 large crops, then the small ones), got "
-                f"{num_crops}.",
-                f"{_KEY}.num_crops",
-            )
-        if embedding_dim is not None:
-            _positive_int(embedding_dim, "buffer_params.embedding_dim")
-        self.temperature = float(temperature)
-        self.num_crops = num_crops
+        buffer = {
+            "embedding_dim": embedding_dim,
+            "world_size": world_size,
+            "effective_batch_size": effective_batch_size,
+        }
+        p = parse(
+            MultiCropSimclrParams,
+            {"temperature": temperature, "num_crops": num_crops, "buffer_params": buffer},
+            _KEY,
+        )
+        self.temperature = p.temperature
+        self.num_crops = p.num_crops
         self.configured_world_size = world_size
         self.configured_effective_batch_size = effective_batch_size
         self.info_criterion = MultiCropSimclrInfoNCECriterion(
-            self.temperature, num_crops, embedding_dim
+            self.temperature, p.num_crops, embedding_dim
         )
 
     @classmethod
-    def infer_config(cls, params: Any, config: Mapping[str, Any]) -> None:
-        """Fill ``num_crops`` and ``buffer_params`` from the rest of the config.
+    def derive(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with ``num_crops`` and ``buffer_params`` filled from the rest of the
+        config (a new mapping; neither argument is changed).
 
         ``num_crops`` comes from the ImgPilToMultiCrop ``total_num_crops`` of
         DATA.TRAIN.TRANSFORMS (when ``num_crops`` is left at its default 2);
@@ -249,8 +250,9 @@ class MultiCropSimclrInfoNCELoss(nn.Module):
                 f"config.DATA.TRAIN.COLLATE_FUNCTION: multicrop_collator (got {collator!r}).",
                 "config.DATA.TRAIN.COLLATE_FUNCTION",
             )
+        out = copy.deepcopy(dict(params))
         total = _multicrop_total(config)
-        num_crops = params.get("num_crops", 2)
+        num_crops = out.get("num_crops", 2)
         if total is not None and num_crops != total:
             if num_crops != 2:
                 raise ConfigError(
@@ -260,8 +262,7 @@ class MultiCropSimclrInfoNCELoss(nn.Module):
                     f"{_KEY}.num_crops",
                 )
             logger.info("%s.num_crops set to %d (ImgPilToMultiCrop)", _KEY, total)
-            params["num_crops"] = total
-            num_crops = total
+            out["num_crops"] = num_crops = total
         if dist.is_available() and dist.is_initialized():
             world_size = get_world_size()
         else:
@@ -269,9 +270,7 @@ class MultiCropSimclrInfoNCELoss(nn.Module):
             world_size = int(distributed.get("NUM_NODES", 1)) * int(
                 distributed.get("NUM_PROC_PER_NODE", 1)
             )
-        if params.get("buffer_params") is None:
-            params["buffer_params"] = {}
-        buffer_params = params["buffer_params"]
+        buffer_params = dict(out.get("buffer_params") or {})
         head_dim = head_output_dim(config)
         if head_dim is not None and buffer_params.get("embedding_dim") != head_dim:
             logger.info(
@@ -285,18 +284,14 @@ class MultiCropSimclrInfoNCELoss(nn.Module):
         batch = train.get("BATCHSIZE_PER_REPLICA")
         if isinstance(batch, int) and isinstance(num_crops, int):
             buffer_params["effective_batch_size"] = batch * world_size * num_crops
+        out["buffer_params"] = buffer_params
+        return out
 
     @classmethod
     def from_config(cls, loss_config: Mapping[str, Any]) -> MultiCropSimclrInfoNCELoss:
         """Build from ``LOSS.multicrop_simclr_info_nce_loss``."""
-        buffer_params = loss_config.get("buffer_params") or {}
-        return cls(
-            temperature=loss_config.get("temperature", 0.1),
-            num_crops=loss_config.get("num_crops", 2),
-            embedding_dim=buffer_params.get("embedding_dim"),
-            world_size=buffer_params.get("world_size"),
-            effective_batch_size=buffer_params.get("effective_batch_size"),
-        )
+        p = parse(MultiCropSimclrParams, loss_config, _KEY)
+        return cls(temperature=p.temperature, num_crops=p.num_crops, **as_dict(p.buffer_params))
 
     def forward(
         self, output: torch.Tensor | Sequence[torch.Tensor], target: Any = None

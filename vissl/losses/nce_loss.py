@@ -52,13 +52,24 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import (
+    Finite,
+    IntAtLeast,
+    NonNegative,
+    Note,
+    OneOf,
+    Positive,
+    UnitOpen,
+    parse,
+)
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.utils.distributed import all_reduce_mean, get_world_size
@@ -70,38 +81,51 @@ LOSS_TYPES = ("nce", "cross_entropy")
 SAMPLING_TYPES = ("random", "debug")
 
 
-def _check_number(
-    value: Any,
-    key: str,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    strict: bool = False,
-) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if strict else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        bounds = []
-        if low is not None:
-            bounds.append(f"{'>' if strict else '>='} {low}")
-        if high is not None:
-            bounds.append(f"<= {high}")
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number {' and '.join(bounds)}, got {value!r}.",
-            f"{_KEY}.{key}",
-        )
-    return float(value)
+@dataclass(kw_only=True, frozen=True)
+class NCEMemoryParams:
+    """``memory_params``: the bank."""
+
+    #: entries of the bank (VISSL's key; follows num_train_samples)
+    memory_size: int = -1
+    embedding_dim: Annotated[int, IntAtLeast(1)] = 128
+    momentum: Annotated[float, Finite, UnitOpen, Note("1 would never write the bank")] = 0.5
+    norm_init: bool = True
+    update_mem_on_forward: bool = False
 
 
-def _check_int(value: Any, key: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(
-            f"{_KEY}.{key} must be an integer >= {low}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
+@dataclass(kw_only=True, frozen=True)
+class NCESamplingParams:
+    """``negative_sampling_params``: the noise samples."""
+
+    num_negatives: Annotated[int, IntAtLeast(1)] = 16000
+    type: Annotated[str, OneOf(*SAMPLING_TYPES)] = "random"
+
+
+@dataclass(kw_only=True, frozen=True)
+class NCEParams:
+    """``config.LOSS.nce_loss_with_memory``."""
+
+    #: the bank's entries; -1 (or null): the task sets it from the training data set
+    num_train_samples: int | None = -1
+    ignore_index: int = -1
+    norm_embedding: bool = True
+    temperature: Annotated[float, Finite, Positive] = 0.07
+    #: ``Z``; negative: estimated at the first step
+    norm_constant: Annotated[float, Finite] = -1.0
+    loss_type: Annotated[str, OneOf(*LOSS_TYPES)] = "nce"
+    #: one weight per output; empty: 1 each
+    loss_weights: list[Annotated[float, Finite, NonNegative]] | None = None
+    update_mem_with_emb_index: Annotated[int, IntAtLeast(0)] = 0
+    memory_params: NCEMemoryParams = field(default_factory=NCEMemoryParams)
+    negative_sampling_params: NCESamplingParams = field(default_factory=NCESamplingParams)
+
+    def check(self, key_path: str) -> None:
+        if self.norm_constant == 0:
+            raise ConfigError(
+                f"{key_path}.norm_constant must be > 0, or negative to estimate it at the "
+                "first step; got 0.",
+                f"{key_path}.norm_constant",
+            )
 
 
 def nce_criterion(probs: torch.Tensor, num_items: int, weights: torch.Tensor) -> torch.Tensor:
@@ -151,69 +175,63 @@ class NCELossWithMemory(nn.Module):
     memory: torch.Tensor
     norm_constant: torch.Tensor
 
+    Params = NCEParams
+
     def __init__(
         self,
         num_train_samples: int,
-        embedding_dim: int = 128,
-        temperature: float = 0.07,
-        num_negatives: int = 16000,
-        momentum: float = 0.5,
-        loss_type: str = "nce",
-        norm_embedding: bool = True,
-        norm_constant: float = -1.0,
-        loss_weights: Sequence[float] | None = None,
-        update_mem_on_forward: bool = False,
-        update_mem_with_emb_index: int = 0,
-        norm_init: bool = True,
-        ignore_index: int = -1,
-        sampling: str = "random",
+        embedding_dim: int = NCEMemoryParams.embedding_dim,
+        temperature: float = NCEParams.temperature,
+        num_negatives: int = NCESamplingParams.num_negatives,
+        momentum: float = NCEMemoryParams.momentum,
+        loss_type: str = NCEParams.loss_type,
+        norm_embedding: bool = NCEParams.norm_embedding,
+        norm_constant: float = NCEParams.norm_constant,
+        loss_weights: Sequence[float] | None = NCEParams.loss_weights,
+        update_mem_on_forward: bool = NCEMemoryParams.update_mem_on_forward,
+        update_mem_with_emb_index: int = NCEParams.update_mem_with_emb_index,
+        norm_init: bool = NCEMemoryParams.norm_init,
+        ignore_index: int = NCEParams.ignore_index,
+        sampling: str = NCESamplingParams.type,
     ) -> None:
         super().__init__()
-        self.num_items = _check_int(num_train_samples, "num_train_samples", 1)
-        self.embedding_dim = _check_int(embedding_dim, "memory_params.embedding_dim", 1)
-        self.temperature = _check_number(temperature, "temperature", low=0.0, strict=True)
-        self.num_negatives = _check_int(num_negatives, "negative_sampling_params.num_negatives", 1)
-        self.momentum = _check_number(momentum, "memory_params.momentum", low=0.0, high=1.0)
-        if self.momentum == 1.0:
-            raise ConfigError(
-                f"{_KEY}.memory_params.momentum must be < 1 (1 would never write the bank).",
-                f"{_KEY}.memory_params.momentum",
-            )
-        if loss_type not in LOSS_TYPES:
-            raise ConfigError(
-                f"{_KEY}.loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}.",
-                f"{_KEY}.loss_type",
-            )
-        if sampling not in SAMPLING_TYPES:
-            raise ConfigError(
-                f"{_KEY}.negative_sampling_params.type must be one of {list(SAMPLING_TYPES)}, "
-                f"got {sampling!r}.",
-                f"{_KEY}.negative_sampling_params.type",
-            )
-        self.loss_type = loss_type
-        self.norm_embedding = bool(norm_embedding)
-        z = _check_number(norm_constant, "norm_constant")
-        if z == 0:
-            raise ConfigError(
-                f"{_KEY}.norm_constant must be > 0, or negative to estimate it at the first "
-                "step; got 0.",
-                f"{_KEY}.norm_constant",
-            )
-        self.loss_weights = (
-            None
-            if loss_weights is None
-            else [
-                _check_number(w, f"loss_weights[{i}]", low=0.0) for i, w in enumerate(loss_weights)
-            ]
+        p = parse(
+            NCEParams,
+            {
+                "num_train_samples": num_train_samples,
+                "temperature": temperature,
+                "loss_type": loss_type,
+                "norm_embedding": norm_embedding,
+                "norm_constant": norm_constant,
+                "loss_weights": None if loss_weights is None else list(loss_weights),
+                "update_mem_with_emb_index": update_mem_with_emb_index,
+                "ignore_index": ignore_index,
+                "memory_params": {
+                    "embedding_dim": embedding_dim,
+                    "momentum": momentum,
+                    "norm_init": norm_init,
+                    "update_mem_on_forward": update_mem_on_forward,
+                },
+                "negative_sampling_params": {"num_negatives": num_negatives, "type": sampling},
+            },
+            _KEY,
         )
-        self.update_mem_on_forward = bool(update_mem_on_forward)
-        self.update_index = _check_int(update_mem_with_emb_index, "update_mem_with_emb_index", 0)
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        if not isinstance(p.num_train_samples, int) or p.num_train_samples < 1:
             raise ConfigError(
-                f"{_KEY}.ignore_index must be an integer, got {ignore_index!r}.",
-                f"{_KEY}.ignore_index",
+                f"{_KEY}.num_train_samples must be an integer >= 1, got {num_train_samples!r}.",
+                f"{_KEY}.num_train_samples",
             )
-        self.ignore_index = ignore_index
+        self.num_items = p.num_train_samples
+        self.embedding_dim = p.memory_params.embedding_dim
+        self.temperature = p.temperature
+        self.num_negatives = p.negative_sampling_params.num_negatives
+        self.momentum = p.memory_params.momentum
+        self.loss_type = p.loss_type
+        self.norm_embedding = p.norm_embedding
+        self.loss_weights = p.loss_weights
+        self.update_mem_on_forward = p.memory_params.update_mem_on_forward
+        self.update_index = p.update_mem_with_emb_index
+        self.ignore_index = p.ignore_index
         # NPID's initialisation: uniform in [-s, s], s = 1 / sqrt(d / 3), then normalised.
         # Drawn from a fixed generator: the same bank for every rank and run (the task also
         # broadcasts rank 0's buffers).
@@ -221,38 +239,36 @@ class NCELossWithMemory(nn.Module):
         stdv = 1.0 / math.sqrt(self.embedding_dim / 3.0)
         memory = torch.rand(self.num_items, self.embedding_dim, generator=generator)
         memory = memory.mul_(2 * stdv).sub_(stdv)
-        if norm_init:
+        if p.memory_params.norm_init:
             memory = F.normalize(memory, dim=1)
         self.register_buffer("memory", memory)
-        self.register_buffer("norm_constant", torch.tensor(float(z)))
+        self.register_buffer("norm_constant", torch.tensor(p.norm_constant))
         # whether Z is known (read from the buffer at the first step: one host read per run)
         self._z_known: bool | None = None
 
     # ------------------------------------------------------------------ config
     @classmethod
-    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
-        """``memory_params.memory_size`` follows ``num_train_samples`` (as in VISSL).
+    def derive(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with ``memory_params.memory_size`` following ``num_train_samples``
+        (as in VISSL), as a new mapping.
 
-        ``num_train_samples`` itself is set by the task from the training data set's size
-        when the config leaves it at -1."""
-        memory = params.get("memory_params")
-        if isinstance(memory, MutableMapping) and params.get("num_train_samples", -1) > 0:
-            memory["memory_size"] = params["num_train_samples"]
+        ``num_train_samples`` itself is the training data set's size, known to the task
+        (it builds the loss with it when the config leaves it at -1)."""
+        out = dict(params)
+        memory = out.get("memory_params")
+        num = out.get("num_train_samples", -1)
+        if isinstance(memory, Mapping) and isinstance(num, int) and num > 0:
+            out["memory_params"] = {**memory, "memory_size": num}
+        return out
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> NCELossWithMemory:
-        memory = params.get("memory_params", {}) or {}
-        sampling = params.get("negative_sampling_params", {}) or {}
-        for name, block in (("memory_params", memory), ("negative_sampling_params", sampling)):
-            if not isinstance(block, Mapping):
-                raise ConfigError(
-                    f"{_KEY}.{name} must be a mapping, got {block!r}.", f"{_KEY}.{name}"
-                )
-        num = params.get("num_train_samples", -1)
-        if num is None or (isinstance(num, int) and not isinstance(num, bool) and num <= 0):
-            size = memory.get("memory_size", -1)
-            if isinstance(size, int) and size > 0:
-                num = size
+        p = parse(NCEParams, params, _KEY)
+        memory, sampling = p.memory_params, p.negative_sampling_params
+        num = p.num_train_samples
+        if num is None or num <= 0:
+            if memory.memory_size > 0:
+                num = memory.memory_size
             else:
                 raise ConfigError(
                     f"{_KEY}.num_train_samples is not set: the memory bank needs one entry per "
@@ -261,27 +277,21 @@ class NCELossWithMemory(nn.Module):
                     "set's size when building the loss yourself.",
                     f"{_KEY}.num_train_samples",
                 )
-        weights = params.get("loss_weights")
-        if weights is not None and not isinstance(weights, Sequence):
-            raise ConfigError(
-                f"{_KEY}.loss_weights must be a list of numbers, got {weights!r}.",
-                f"{_KEY}.loss_weights",
-            )
         return cls(
             num_train_samples=num,
-            embedding_dim=memory.get("embedding_dim", 128),
-            temperature=params.get("temperature", 0.07),
-            num_negatives=sampling.get("num_negatives", 16000),
-            momentum=memory.get("momentum", 0.5),
-            loss_type=params.get("loss_type", "nce"),
-            norm_embedding=params.get("norm_embedding", True),
-            norm_constant=params.get("norm_constant", -1),
-            loss_weights=list(weights) if weights else None,
-            update_mem_on_forward=memory.get("update_mem_on_forward", False),
-            update_mem_with_emb_index=params.get("update_mem_with_emb_index", 0),
-            norm_init=memory.get("norm_init", True),
-            ignore_index=params.get("ignore_index", -1),
-            sampling=sampling.get("type", "random"),
+            embedding_dim=memory.embedding_dim,
+            temperature=p.temperature,
+            num_negatives=sampling.num_negatives,
+            momentum=memory.momentum,
+            loss_type=p.loss_type,
+            norm_embedding=p.norm_embedding,
+            norm_constant=p.norm_constant,
+            loss_weights=p.loss_weights or None,
+            update_mem_on_forward=memory.update_mem_on_forward,
+            update_mem_with_emb_index=p.update_mem_with_emb_index,
+            norm_init=memory.norm_init,
+            ignore_index=p.ignore_index,
+            sampling=sampling.type,
         )
 
     # ------------------------------------------------------------------ pieces

@@ -17,12 +17,14 @@ cached per layout.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import IntAtLeast, Positive, as_dict, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.utils.distributed import gather_from_all, get_rank, get_world_size
@@ -121,6 +123,25 @@ class SimclrInfoNCECriterion(nn.Module):
         return f"temperature={self.temperature}, num_pos={self.num_pos}"
 
 
+@dataclass(kw_only=True, frozen=True)
+class BufferParams:
+    """VISSL's ``buffer_params``: ``embedding_dim`` is checked against the model's output
+    at forward time (``None``: any); ``world_size`` and ``effective_batch_size`` are
+    informational (the actual ones are read at forward time)."""
+
+    embedding_dim: Annotated[int, IntAtLeast(1)] | None = None
+    world_size: int | None = None
+    effective_batch_size: int | None = None
+
+
+@dataclass(kw_only=True, frozen=True)
+class SimclrParams:
+    """``config.LOSS.simclr_info_nce_loss``."""
+
+    temperature: Annotated[float, Positive] = 0.1
+    buffer_params: BufferParams = field(default_factory=BufferParams)
+
+
 @register_loss("simclr_info_nce_loss")
 class SimclrInfoNCELoss(nn.Module):
     """SimCLR loss: normalise the head output, then :class:`SimclrInfoNCECriterion`.
@@ -133,34 +154,23 @@ class SimclrInfoNCELoss(nn.Module):
         effective_batch_size: informational, like ``world_size``.
     """
 
+    Params = SimclrParams
+
     def __init__(
         self,
-        temperature: float = 0.1,
-        embedding_dim: int | None = None,
-        world_size: int | None = None,
-        effective_batch_size: int | None = None,
+        temperature: float = SimclrParams.temperature,
+        embedding_dim: int | None = BufferParams.embedding_dim,
+        world_size: int | None = BufferParams.world_size,
+        effective_batch_size: int | None = BufferParams.effective_batch_size,
     ) -> None:
         super().__init__()
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise ConfigError(
-                f"{_KEY}.temperature must be a number, got {temperature!r}.",
-                f"{_KEY}.temperature",
-            )
-        if temperature <= 0:
-            raise ConfigError(
-                f"{_KEY}.temperature must be > 0, got {temperature}.", f"{_KEY}.temperature"
-            )
-        if embedding_dim is not None and (
-            isinstance(embedding_dim, bool)
-            or not isinstance(embedding_dim, int)
-            or embedding_dim <= 0
-        ):
-            raise ConfigError(
-                f"{_KEY}.buffer_params.embedding_dim must be a positive integer, got "
-                f"{embedding_dim!r}.",
-                f"{_KEY}.buffer_params.embedding_dim",
-            )
-        self.temperature = float(temperature)
+        buffer = {
+            "embedding_dim": embedding_dim,
+            "world_size": world_size,
+            "effective_batch_size": effective_batch_size,
+        }
+        p = parse(SimclrParams, {"temperature": temperature, "buffer_params": buffer}, _KEY)
+        self.temperature = p.temperature
         self.configured_world_size = world_size
         self.configured_effective_batch_size = effective_batch_size
         self.info_criterion = SimclrInfoNCECriterion(self.temperature, embedding_dim)
@@ -168,13 +178,8 @@ class SimclrInfoNCELoss(nn.Module):
     @classmethod
     def from_config(cls, loss_config: Mapping[str, Any]) -> SimclrInfoNCELoss:
         """Build from ``LOSS.simclr_info_nce_loss`` (``temperature``, ``buffer_params``)."""
-        buffer_params = loss_config.get("buffer_params") or {}
-        return cls(
-            temperature=loss_config.get("temperature", 0.1),
-            embedding_dim=buffer_params.get("embedding_dim"),
-            world_size=buffer_params.get("world_size"),
-            effective_batch_size=buffer_params.get("effective_batch_size"),
-        )
+        p = parse(SimclrParams, loss_config, _KEY)
+        return cls(temperature=p.temperature, **as_dict(p.buffer_params))
 
     def forward(
         self, output: torch.Tensor | Sequence[torch.Tensor], target: Any = None

@@ -65,14 +65,15 @@ The loss has no state: nothing of it goes into checkpoints and resume is exact.
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Mapping, MutableMapping
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import Finite, IntAtLeast, NonNegative, Positive, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import head_output_dim
@@ -84,26 +85,26 @@ logger = logging.getLogger(__name__)
 _NAME = "vicreg_loss"
 _KEY = f"config.LOSS.{_NAME}"
 
-#: The defaults of ``LOSS.vicreg_loss`` (the paper's and its code's values).
-DEFAULTS: dict[str, Any] = {
-    "sim_coeff": 25.0,
-    "std_coeff": 25.0,
-    "cov_coeff": 1.0,
-    "eps": 0.0001,
-    "embedding_dim": 8192,
-}
 
+@dataclass(kw_only=True, frozen=True)
+class VICRegParams:
+    """``config.LOSS.vicreg_loss`` (the paper's and its code's values). At least one of
+    the three weights is > 0; ``eps`` > 0 keeps the gradient of the square root finite
+    when a dimension collapses."""
 
-def _number(value: Any, key: str, positive: bool) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok and not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
-        ok = False
-    if not ok:
-        bound = "> 0" if positive else ">= 0"
-        raise ConfigError(
-            f"{_KEY}.{key} must be a finite number {bound}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
+    sim_coeff: Annotated[float, Finite, NonNegative] = 25.0
+    std_coeff: Annotated[float, Finite, NonNegative] = 25.0
+    cov_coeff: Annotated[float, Finite, NonNegative] = 1.0
+    eps: Annotated[float, Finite, Positive] = 0.0001
+    embedding_dim: Annotated[int, IntAtLeast(1)] = 8192
+
+    def check(self, key_path: str) -> None:
+        if self.sim_coeff == self.std_coeff == self.cov_coeff == 0.0:
+            raise ConfigError(
+                f"{key_path}: sim_coeff, std_coeff and cov_coeff are all 0, so the loss is "
+                "constant; VICReg uses 25, 25 and 1.",
+                f"{key_path}.sim_coeff",
+            )
 
 
 def variance_term(z: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,52 +134,53 @@ class VICRegLoss(nn.Module):
         embedding_dim: the width of the embeddings (the head's output).
     """
 
+    Params = VICRegParams
+
     def __init__(
         self,
-        sim_coeff: float = 25.0,
-        std_coeff: float = 25.0,
-        cov_coeff: float = 1.0,
-        eps: float = 0.0001,
-        embedding_dim: int = 8192,
+        sim_coeff: float = VICRegParams.sim_coeff,
+        std_coeff: float = VICRegParams.std_coeff,
+        cov_coeff: float = VICRegParams.cov_coeff,
+        eps: float = VICRegParams.eps,
+        embedding_dim: int = VICRegParams.embedding_dim,
     ) -> None:
         super().__init__()
-        self.sim_coeff = _number(sim_coeff, "sim_coeff", positive=False)
-        self.std_coeff = _number(std_coeff, "std_coeff", positive=False)
-        self.cov_coeff = _number(cov_coeff, "cov_coeff", positive=False)
-        if self.sim_coeff == self.std_coeff == self.cov_coeff == 0.0:
-            raise ConfigError(
-                f"{_KEY}: sim_coeff, std_coeff and cov_coeff are all 0, so the loss is "
-                "constant; VICReg uses 25, 25 and 1.",
-                f"{_KEY}.sim_coeff",
-            )
-        self.eps = _number(eps, "eps", positive=True)
-        if (
-            isinstance(embedding_dim, bool)
-            or not isinstance(embedding_dim, int)
-            or embedding_dim <= 0
-        ):
-            raise ConfigError(
-                f"{_KEY}.embedding_dim must be a positive integer, got {embedding_dim!r}.",
-                f"{_KEY}.embedding_dim",
-            )
-        self.embedding_dim = embedding_dim
+        p = parse(
+            VICRegParams,
+            {
+                "sim_coeff": sim_coeff,
+                "std_coeff": std_coeff,
+                "cov_coeff": cov_coeff,
+                "eps": eps,
+                "embedding_dim": embedding_dim,
+            },
+            _KEY,
+        )
+        self.sim_coeff = p.sim_coeff
+        self.std_coeff = p.std_coeff
+        self.cov_coeff = p.cov_coeff
+        self.eps = p.eps
+        self.embedding_dim = p.embedding_dim
 
     @classmethod
-    def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
-        """``embedding_dim`` from the head's last ``dims`` entry; two views per sample.
+    def derive(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with ``embedding_dim`` from the head's last ``dims`` entry (a new
+        mapping); checks that the transforms make two views per sample.
 
         Raises:
             ConfigError: the transforms make other than 2 views per sample.
         """
+        out = dict(params)
         head_dim = head_output_dim(config)
-        if head_dim is not None and params.get("embedding_dim") != head_dim:
+        if head_dim is not None and out.get("embedding_dim") != head_dim:
             logger.info("%s.embedding_dim set to %d, the head's output width", _KEY, head_dim)
-            params["embedding_dim"] = head_dim
+            out["embedding_dim"] = head_dim
         check_two_views(config, _KEY, "VICReg")
+        return out
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> VICRegLoss:
-        return cls(**{key: params.get(key, default) for key, default in DEFAULTS.items()})
+        return cls(**vars(parse(VICRegParams, params, _KEY)))
 
     def _views(self, output: Any) -> tuple[torch.Tensor, torch.Tensor]:
         outputs = [output] if isinstance(output, torch.Tensor) else list(output)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
+from vissl.config.params import Range, check_value
 from vissl.errors import ConfigError
 
 _MISSING = object()
@@ -26,7 +27,8 @@ def get_number(
     min_inclusive: bool = True,
     max_inclusive: bool = True,
 ) -> float:
-    """``cfg[key]`` checked to be a number in range; ``path`` is the key path of ``cfg``.
+    """``cfg[key]`` checked to be a number in range; ``path`` is the key path of ``cfg``
+    (the checks and wording of :func:`vissl.config.params.check_value`).
 
     Raises:
         ConfigError: naming ``path.key`` when it is missing (with no default), not a
@@ -36,15 +38,11 @@ def get_number(
     value = cfg.get(key, default) if isinstance(cfg, Mapping) else default
     if value is _MISSING:
         raise ConfigError(f"{full} is required.", full)
-    if not is_number(value):
-        raise ConfigError(f"{full} must be a number, got {value!r}.", full)
-    if min_value is not None and (value < min_value or (value == min_value and not min_inclusive)):
-        bound = ">=" if min_inclusive else ">"
-        raise ConfigError(f"{full} must be {bound} {min_value}, got {value}.", full)
-    if max_value is not None and (value > max_value or (value == max_value and not max_inclusive)):
-        bound = "<=" if max_inclusive else "<"
-        raise ConfigError(f"{full} must be {bound} {max_value}, got {value}.", full)
-    return value
+    bounds = Range(
+        low=min_value, high=max_value, low_open=not min_inclusive, high_open=not max_inclusive
+    )
+    number: float = check_value(value, Annotated[int | float, bounds], full)
+    return number
 
 
 def get_bool(cfg: Mapping[str, Any], key: str, path: str, *, default: bool = False) -> bool:

@@ -30,14 +30,16 @@ param groups. ``use_larc: true`` is refused: LARC would adapt the rate a second 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 from torch.optim import Optimizer
 
+from vissl.config.params import Positive, UnitOpen, parse
 from vissl.errors import ConfigError
 from vissl.optimizers import register_optimizer
-from vissl.optimizers._checks import get_bool, get_number
+from vissl.optimizers._checks import get_bool
 
 _PATH = "config.OPTIMIZER"
 
@@ -139,6 +141,26 @@ class LARS(Optimizer):
         return loss
 
 
+@dataclass(kw_only=True, frozen=True)
+class LARSParams:
+    """What ``lars`` reads of ``config.OPTIMIZER``."""
+
+    momentum: Annotated[int | float, UnitOpen] = 0.9
+    #: null: false
+    nesterov: bool | None = False
+    #: the trust coefficient
+    eta: Annotated[int | float, Positive] = 0.001
+    #: null: false
+    exclude_bias_and_norm: bool | None = False
+
+    def check(self, key_path: str) -> None:
+        if self.nesterov and self.momentum <= 0:
+            raise ConfigError(
+                f"{key_path}.nesterov needs {key_path}.momentum > 0, got momentum {self.momentum}.",
+                f"{key_path}.nesterov",
+            )
+
+
 @register_optimizer("lars")
 def build_lars(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """:class:`LARS` over the param groups, configured by ``config.OPTIMIZER``."""
@@ -149,23 +171,13 @@ def build_lars(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> to
             f"{_PATH}.eta) or use name: sgd with LARC.",
             f"{_PATH}.use_larc",
         )
-    momentum = get_number(
-        cfg, "momentum", _PATH, default=0.9, min_value=0.0, max_value=1.0, max_inclusive=False
-    )
-    nesterov = get_bool(cfg, "nesterov", _PATH, default=False)
-    if nesterov and momentum <= 0:
-        raise ConfigError(
-            f"{_PATH}.nesterov needs {_PATH}.momentum > 0, got momentum {momentum}.",
-            f"{_PATH}.nesterov",
-        )
-    eta = get_number(cfg, "eta", _PATH, default=0.001, min_value=0.0, min_inclusive=False)
-    exclude = get_bool(cfg, "exclude_bias_and_norm", _PATH, default=False)
+    p = parse(LARSParams, cfg, _PATH, shared=True)
     return LARS(
         param_groups,
         lr=param_groups[0]["lr"],
-        momentum=momentum,
+        momentum=p.momentum,
         weight_decay=param_groups[0].get("weight_decay", 0.0),
-        eta=eta,
-        nesterov=nesterov,
-        exclude_bias_and_norm=exclude,
+        eta=p.eta,
+        nesterov=bool(p.nesterov),
+        exclude_bias_and_norm=bool(p.exclude_bias_and_norm),
     )

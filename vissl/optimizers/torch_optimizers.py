@@ -27,28 +27,48 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 
+from vissl.config.params import NonNegative, UnitOpen, parse
 from vissl.errors import ConfigError
 from vissl.optimizers import register_optimizer
-from vissl.optimizers._checks import get_bool, get_number, is_number
 
 _PATH = "config.OPTIMIZER"
 
 
-def _betas(cfg: Mapping[str, Any]) -> tuple[float, float]:
-    betas = cfg.get("betas", (0.9, 0.999))
-    if (
-        not isinstance(betas, list | tuple)
-        or len(betas) != 2
-        or not all(is_number(b) and 0.0 <= b < 1.0 for b in betas)
-    ):
-        raise ConfigError(
-            f"{_PATH}.betas must be two numbers in [0, 1), got {betas!r}.", f"{_PATH}.betas"
-        )
-    return float(betas[0]), float(betas[1])
+_Momentum = Annotated[int | float, UnitOpen]
+_Beta = Annotated[float, UnitOpen]
+
+
+@dataclass(kw_only=True, frozen=True)
+class SGDParams:
+    """What ``sgd`` reads of ``config.OPTIMIZER``."""
+
+    momentum: _Momentum = 0.0
+    #: null: false
+    nesterov: bool | None = False
+    dampening: Annotated[int | float, NonNegative] = 0.0
+
+    def check(self, key_path: str) -> None:
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ConfigError(
+                f"{key_path}.nesterov needs {key_path}.momentum > 0 and no dampening; got "
+                f"momentum {self.momentum}, dampening {self.dampening}.",
+                f"{key_path}.nesterov",
+            )
+
+
+@dataclass(kw_only=True, frozen=True)
+class AdamParams:
+    """What ``adam`` and ``adamw`` read of ``config.OPTIMIZER``."""
+
+    betas: tuple[_Beta, _Beta] = (0.9, 0.999)
+    eps: Annotated[int | float, NonNegative] = 1e-8
+    #: null: false
+    amsgrad: bool | None = False
 
 
 def _implementation(
@@ -102,17 +122,8 @@ class ZeroMomentumBuffers:
 @register_optimizer("sgd")
 def build_sgd(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """``torch.optim.SGD`` with ``momentum``, ``nesterov`` and per-group weight decay."""
-    momentum = get_number(
-        cfg, "momentum", _PATH, default=0.0, min_value=0.0, max_value=1.0, max_inclusive=False
-    )
-    nesterov = get_bool(cfg, "nesterov", _PATH, default=False)
-    dampening = get_number(cfg, "dampening", _PATH, default=0.0, min_value=0.0)
-    if nesterov and (momentum <= 0 or dampening != 0):
-        raise ConfigError(
-            f"{_PATH}.nesterov needs {_PATH}.momentum > 0 and no dampening; got momentum "
-            f"{momentum}, dampening {dampening}.",
-            f"{_PATH}.nesterov",
-        )
+    p = parse(SGDParams, cfg, _PATH, shared=True)
+    momentum, dampening, nesterov = p.momentum, p.dampening, bool(p.nesterov)
     implementation = _implementation(torch.optim.SGD, param_groups)
     if momentum and dampening:
         implementation = {}  # a zero first buffer would be damped (module docstring)
@@ -131,12 +142,13 @@ def build_sgd(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> tor
 
 
 def _adam_kwargs(cfg: Mapping[str, Any], param_groups: list[dict[str, Any]]) -> dict[str, Any]:
+    p = parse(AdamParams, cfg, _PATH, shared=True)
     return {
         "lr": param_groups[0]["lr"],
-        "betas": _betas(cfg),
-        "eps": get_number(cfg, "eps", _PATH, default=1e-8, min_value=0.0),
+        "betas": p.betas,
+        "eps": p.eps,
         "weight_decay": param_groups[0].get("weight_decay", 0.0),
-        "amsgrad": get_bool(cfg, "amsgrad", _PATH, default=False),
+        "amsgrad": bool(p.amsgrad),
     }
 
 

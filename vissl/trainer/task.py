@@ -10,8 +10,9 @@ Attribute names follow VISSL's task, since custom steps and hooks read them: ``m
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -213,8 +214,7 @@ class SelfSupervisionTask:
         self.base_model = model.to(self.device)
         if self.channels_last:
             self.base_model = self.base_model.to(memory_format=torch.channels_last)
-        self._set_num_train_samples()
-        self.loss = build_loss(cfg.LOSS, cfg).to(self.device)
+        self.loss = build_loss(self._loss_config_with_data_size(), cfg).to(self.device)
         bind_model = getattr(self.loss, "bind_model", None)
         if callable(bind_model):
             # A loss that keeps a copy of the model (momentum encoder, teacher) makes it
@@ -321,17 +321,19 @@ class SelfSupervisionTask:
 
         return wrap_zero(optimizer)
 
-    def _set_num_train_samples(self) -> None:
-        """``LOSS.<name>.num_train_samples``, where the loss has that key (memory banks:
-        ``nce_loss_with_memory``, ``deepclusterv2_loss``), is the size of the data set the
-        run iterates (TRAIN, else TEST), as VISSL sets it."""
-        name = self.config.LOSS.get("name")
-        params = self.config.LOSS.get(name) if isinstance(name, str) else None
-        if not isinstance(params, MutableMapping) or "num_train_samples" not in params:
-            return
+    def _loss_config_with_data_size(self) -> Mapping[str, Any]:
+        """``config.LOSS``, with ``LOSS.<name>.num_train_samples``, where the loss has that
+        key (memory banks: ``nce_loss_with_memory``, ``deepclusterv2_loss``), set to the
+        size of the data set the run iterates (TRAIN, else TEST), as VISSL sets it. A copy:
+        the config itself is not changed (it stays what was validated and saved)."""
+        loss_config = self.config.LOSS
+        name = loss_config.get("name")
+        params = loss_config.get(name) if isinstance(name, str) else None
+        if not isinstance(params, Mapping) or "num_train_samples" not in params:
+            return loss_config
         split = "TRAIN" if "TRAIN" in self.datasets else "TEST"
         if split not in self.datasets:
-            return
+            return loss_config
         size = len(self.datasets[split])
         given = params["num_train_samples"]
         if isinstance(given, int) and given > 0 and given != size:
@@ -344,7 +346,8 @@ class SelfSupervisionTask:
                 size,
                 size,
             )
-        params["num_train_samples"] = size
+        block = AttrDict({**copy.deepcopy(dict(params)), "num_train_samples": size})
+        return AttrDict({**dict(loss_config), name: block})
 
     def compile_module(self, module: nn.Module) -> nn.Module:
         """``MODEL.COMPILE`` applied to another module the run calls (a teacher, a key

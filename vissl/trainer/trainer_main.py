@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from vissl.config.attr_dict import AttrDict
+from vissl.config.derive import derived_config
 from vissl.errors import TrainingInterrupted, TrainingPreempted
 from vissl.hooks.base import HookDispatcher
 from vissl.trainer.checkpointing import (
@@ -82,8 +83,10 @@ class SelfSupervisionTrainer:
         self.device = device
         self.hooks = hooks
         self.checkpoint_path = checkpoint_path
-        # train_config.yaml: the config as given, before the task fills in what it infers
-        self._config_yaml = config_to_yaml(cfg)
+        # train_config.yaml: the config the components are built from, with what the loss
+        # infers from the rest of it (written by the config stage; derived here on a copy
+        # for a config that did not go through it: deriving is idempotent)
+        self._config_yaml = config_to_yaml(derived_config(cfg))
         # (phase index, data iterator) started ahead by _prefetch_next_phase
         self._prefetched: tuple[int, Any] | None = None
         self.task: SelfSupervisionTask | None = None

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from vissl.config.attr_dict import AttrDict
+from vissl.config.derive import infer_loss_config
 from vissl.config.validation import (
     _closest_key,
     _get,
@@ -499,6 +500,14 @@ def convert_to_attrdict(
     _infer(config)
     _infer_sharded_ddp(config)
     _infer_list_meters(config)
+    # What the loss infers from the rest of the config, written once, here: the saved
+    # config (train_config.yaml, the checkpoints') is what the loss is built from. A
+    # config the loss refuses is left as it is: building the loss reports the error, with
+    # its key path, where it always did.
+    try:
+        infer_loss_config(config)
+    except Exception as err:
+        logger.debug("the loss's inference refused the config (the build reports it): %s", err)
     root = AttrDict(container)
     return root, root.config
 

@@ -9,18 +9,50 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from vissl.config.params import IntAtLeast, Note, OneOf, UnitOpen, parse
 from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get
 
 #: Where evaluation names the trunk features it wants.
 FEATURES_KEY = "config.MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"
 _CHECKPOINT_KEY = "ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"
+
+
+P = TypeVar("P")
+
+#: An integer >= 1.
+PosInt = Annotated[int, IntAtLeast(1)]
+#: A probability in [0, 1) (a dropout or drop-path rate; 0 turns it off).
+Rate = Annotated[float, UnitOpen, Note("a probability; 0 turns it off")]
+#: VISSL's QK_SCALE where timm's attention is used: only False (or null) is supported.
+NoQKScale = Annotated[
+    bool | None,
+    OneOf(False, None),
+    Note(
+        "this trunk's attention (timm's) always scales by 1/sqrt(head dim), the value of "
+        "QK_SCALE: False; a custom scale is not supported"
+    ),
+]
+
+
+def parse_trunk(params_cls: type[P], model_config: Mapping[str, Any] | None, family: str) -> P:
+    """``config.MODEL.TRUNK.<family>`` read into the trunk's parameter dataclass
+    (:func:`vissl.config.params.parse`: unknown keys, types and ranges, with key paths)."""
+    block = cfg_get(model_config, f"TRUNK.{family}", None)
+    return parse(params_cls, block, f"config.MODEL.TRUNK.{family}")
+
+
+def trunk_error(family: str, name: str, value: Any, why: str) -> ConfigError:
+    """A ConfigError for ``MODEL.TRUNK.<family>.<name>``: its path, its value and ``why``
+    (the rules that tie several keys together)."""
+    path = f"config.MODEL.TRUNK.{family}.{name}"
+    return ConfigError(f"{path}={value!r}: {why}", path)
 
 
 class TrunkParams:

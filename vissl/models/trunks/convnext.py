@@ -39,33 +39,46 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import Length
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
+    PosInt,
+    Rate,
     checkpointing_on,
     import_timm,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.CONVNEXT keys and defaults (VISSL's).
-DEFAULTS: dict[str, Any] = {
-    "DEPTH": [3, 3, 27, 3],
-    "DIMS": [96, 192, 384, 768],
-    "DROP_PATH_RATE": 0.0,
-}
+NUM_STAGES = 4
+
+
+@dataclass(kw_only=True, frozen=True)
+class ConvNeXtParams:
+    """``config.MODEL.TRUNK.CONVNEXT`` (VISSL's keys and defaults)."""
+
+    DEPTH: Annotated[list[PosInt], Length(NUM_STAGES)] = field(
+        default_factory=lambda: [3, 3, 27, 3]
+    )
+    DIMS: Annotated[list[PosInt], Length(NUM_STAGES)] = field(
+        default_factory=lambda: [96, 192, 384, 768]
+    )
+    DROP_PATH_RATE: Rate = 0.0
+
+
 POOLED = "pooled"
 #: VISSL's evaluation configs name the pooled output so.
 ALIASES = {"lastCLS": POOLED}
-NUM_STAGES = 4
 LAYER_SCALE_INIT = 1e-6
 
 
@@ -85,10 +98,8 @@ class ConvNeXt(nn.Module):
     def __init__(self, model_config: Mapping[str, Any], model_name: str = "convnext") -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "CONVNEXT", DEFAULTS)
-        depths = p.int_list("DEPTH", NUM_STAGES)
-        dims = p.int_list("DIMS", NUM_STAGES)
-        drop_path = p.rate("DROP_PATH_RATE")
+        p = parse_trunk(ConvNeXtParams, model_config, "CONVNEXT")
+        depths, dims, drop_path = p.DEPTH, p.DIMS, p.DROP_PATH_RATE
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         import_timm("convnext")
         from timm.models.convnext import ConvNeXt as TimmConvNeXt

@@ -47,34 +47,28 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import OneOf, Positive, Unit
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
+    PosInt,
+    Rate,
     checkpointing_on,
     import_timm,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.EFFICIENT_NETS keys and defaults (ClassyVision's EfficientNet arguments).
-DEFAULTS: dict[str, Any] = {
-    "model_version": "B0",
-    "bn_momentum": 0.01,
-    "bn_epsilon": 0.001,
-    "drop_connect_rate": 0.2,
-    "width_divisor": 8,
-    "min_width": None,
-    "use_se": True,
-}
 
 #: model_version -> (width multiplier, depth multiplier, resolution, dropout), Tan & Le.
 VERSIONS: dict[str, tuple[float, float, int, float]] = {
@@ -87,6 +81,20 @@ VERSIONS: dict[str, tuple[float, float, int, float]] = {
     "B6": (1.8, 2.6, 528, 0.5),
     "B7": (2.0, 3.1, 600, 0.5),
 }
+
+
+@dataclass(kw_only=True, frozen=True)
+class EfficientNetParams:
+    """``config.MODEL.TRUNK.EFFICIENT_NETS`` (ClassyVision's EfficientNet arguments)."""
+
+    model_version: Annotated[str, OneOf(*VERSIONS)] = "B0"
+    bn_momentum: Annotated[float, Unit] = 0.01
+    bn_epsilon: Annotated[float, Positive] = 0.001
+    drop_connect_rate: Rate = 0.2
+    width_divisor: PosInt = 8
+    min_width: PosInt | None = None
+    use_se: bool = True
+
 
 # EfficientNet-B0's stages: (block, repeats, kernel, stride, expansion, output channels);
 # "ds" is the depthwise-separable block of the first stage (expansion 1)
@@ -140,15 +148,11 @@ class EfficientNet(nn.Module):
     def __init__(self, model_config: Mapping[str, Any], model_name: str = "efficientnet") -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "EFFICIENT_NETS", DEFAULTS)
-        version = str(p.choice("model_version", list(VERSIONS)))
+        p = parse_trunk(EfficientNetParams, model_config, "EFFICIENT_NETS")
+        version = p.model_version
         width, depth, self.resolution, dropout = VERSIONS[version]
-        momentum = p.number("bn_momentum", 0.0, 1.0)
-        eps = p.number("bn_epsilon", 0.0, strict=True)
-        drop_connect = p.rate("drop_connect_rate")
-        divisor = p.integer("width_divisor")
-        min_width = None if p.raw("min_width") is None else p.integer("min_width")
-        use_se = p.flag("use_se")
+        momentum, eps, drop_connect = p.bn_momentum, p.bn_epsilon, p.drop_connect_rate
+        divisor, min_width, use_se = p.width_divisor, p.min_width, p.use_se
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         import_timm("efficientnet")
         from timm.models._efficientnet_builder import decode_arch_def, round_channels

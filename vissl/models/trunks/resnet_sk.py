@@ -38,25 +38,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vissl.config.params import OneOf, Unit
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
+    PosInt,
     checkpointing_on,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.RESNETS_SK keys and defaults (VISSL's: SimCLR-v2's ResNet-152 3x SK).
-DEFAULTS: dict[str, Any] = {"DEPTH": 152, "WIDTH_MULTIPLIER": 3, "SK_RATIO": 0.0625}
 #: DEPTH -> bottleneck blocks per stage.
 BLOCKS_PER_STAGE: dict[int, tuple[int, int, int, int]] = {
     50: (3, 4, 6, 3),
@@ -67,6 +68,15 @@ BLOCKS_PER_STAGE: dict[int, tuple[int, int, int, int]] = {
 BN_EPS = 1e-5
 EXPANSION = 4
 _SK_MIN_DIM = 32
+
+
+@dataclass(kw_only=True, frozen=True)
+class ResNetSKParams:
+    """``config.MODEL.TRUNK.RESNETS_SK`` (VISSL's defaults: SimCLR-v2's ResNet-152 3x SK)."""
+
+    DEPTH: Annotated[int, OneOf(*BLOCKS_PER_STAGE)] = 152
+    WIDTH_MULTIPLIER: PosInt = 3
+    SK_RATIO: Annotated[float, Unit] = 0.0625
 
 
 def _conv(c_in: int, c_out: int, kernel: int = 3, stride: int = 1) -> nn.Conv2d:
@@ -207,10 +217,8 @@ class ResNetSelectiveKernel(nn.Module):
     def __init__(self, model_config: Mapping[str, Any], model_name: str = "resnet_sk") -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "RESNETS_SK", DEFAULTS)
-        depth = int(p.choice("DEPTH", list(BLOCKS_PER_STAGE)))
-        width = p.integer("WIDTH_MULTIPLIER")
-        sk_ratio = p.number("SK_RATIO", 0.0, 1.0)
+        p = parse_trunk(ResNetSKParams, model_config, "RESNETS_SK")
+        depth, width, sk_ratio = p.DEPTH, p.WIDTH_MULTIPLIER, p.SK_RATIO
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         stages: list[nn.Module] = [Stem(input_channels(self.input_type), sk_ratio, width)]
         channels = 64 * width
