@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -191,7 +191,7 @@ class SwAVMomentumHook(VisslHook):
         """The :class:`~vissl.models.momentum.MomentumTeacher` of the loss's encoder: a
         constant ``loss.momentum``, the buffers copied at each update."""
         encoder = self._encoder(task)
-        momentum = float(task.loss.momentum)
+        momentum = float(cast(float, task.loss.momentum))
         if not self._driver or self._driver[0].module is not encoder:
             self._driver = [
                 MomentumTeacher(

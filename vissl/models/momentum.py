@@ -444,7 +444,7 @@ def build_momentum_schedule(
     from vissl.errors import ConfigError
     from vissl.utils.registry import closest_match
 
-    hint = closest_match(str(name), MOMENTUM_SCHEDULES)
+    hint = closest_match(str(name), list(MOMENTUM_SCHEDULES))
     raise ConfigError(
         f"{key}: unknown momentum schedule {name!r}"
         + (f" (did you mean {hint!r}?)" if hint else "")
