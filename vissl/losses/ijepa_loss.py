@@ -42,6 +42,7 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses._checks import build_from_params
+from vissl.losses.teacher_hooks import DrivenByMomentumTeacherHook
 from vissl.models.momentum import (
     DROPPED_PREFIXES_ATTR,
     MomentumTeacher,
@@ -106,7 +107,7 @@ def ijepa_distance(prediction: torch.Tensor, target: torch.Tensor, loss_type: st
 
 
 @register_loss("ijepa_loss")
-class IJEPALoss(MomentumTeacherOwner, nn.Module):
+class IJEPALoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
     """I-JEPA's loss with its target encoder (see the module docstring).
 
     Args:

@@ -36,6 +36,7 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import head_output_dim
+from vissl.losses.teacher_hooks import DrivenByMomentumTeacherHook
 from vissl.models.momentum import (
     MomentumTeacher,
     MomentumTeacherOwner,
@@ -107,7 +108,7 @@ def unshuffle_across_ranks(y: torch.Tensor, unshuffle: torch.Tensor) -> torch.Te
 
 
 @register_loss("moco_loss")
-class MoCoLoss(MomentumTeacherOwner, nn.Module):
+class MoCoLoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
     """MoCo v2 loss with its queue and momentum encoder.
 
     Args:

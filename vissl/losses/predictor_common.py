@@ -53,6 +53,7 @@ from torch.utils.hooks import RemovableHandle
 
 from vissl.errors import ConfigError
 from vissl.losses.config_inference import transform_num_crops
+from vissl.losses.teacher_hooks import DrivenByMomentumTeacherHook
 from vissl.models.momentum import (
     MomentumTeacher,
     MomentumTeacherOwner,
@@ -283,7 +284,7 @@ class ProjectionCapture:
         self.handle.remove()
 
 
-class MomentumTargetLoss(MomentumTeacherOwner, nn.Module):
+class MomentumTargetLoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
     """The target network of BYOL and MoCo v3: a :class:`~vissl.models.momentum.
     MomentumTeacher` copy of the model without its predictor (the last head), in the
     mode of the loss (its BatchNorm layers normalise with the batch's statistics in

@@ -29,6 +29,7 @@ from torch import nn
 from vissl.errors import ConfigError
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.swav_common import distributed_sinkhorn
+from vissl.losses.teacher_hooks import DrivenByMomentumTeacherHook
 from vissl.models.center import Center, ema_center_, global_row_sum_and_count
 from vissl.models.momentum import (
     MomentumTeacher,
@@ -441,7 +442,7 @@ def uniform_entropy(width: int) -> float:
 
 
 # --------------------------------------------------------------------------- base
-class SelfDistillationLoss(MomentumTeacherOwner, nn.Module):
+class SelfDistillationLoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
     """The teacher side of ``dino_loss``, ``ibot_loss``, ``dinov2_loss`` and ``msn_loss``.
 
     The teacher is a :class:`~vissl.models.momentum.MomentumTeacher`: a frozen copy of

@@ -677,8 +677,3 @@ class MomentumTeacherOwner:
                 "declared in required_hooks, passes it)."
             )
         return teacher_output
-
-    def required_hooks(self) -> list[Any]:
-        from vissl.hooks.momentum_teacher_hook import MomentumTeacherHook
-
-        return [MomentumTeacherHook(self)]
