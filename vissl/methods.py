@@ -65,7 +65,9 @@ class MethodSpec:
         transforms: the method's own transforms (the generic crops and jitters left out).
         hooks: the hook classes its loss asks for (``loss.required_hooks()``), by class name.
         teacher: the attribute of the loss that holds its frozen copy, by VISSL's name
-            (``None``: the method has no copy).
+            (its checkpoint key ``loss.<teacher>.*``; ``None``: the method has no copy).
+            Every name is the same :class:`~vissl.models.momentum.MomentumTeacher` copy;
+            a loss driven by ``MomentumTeacherHook`` also has it as ``loss.teacher``.
         configs: its quick, digits and ImageNet configs.
         docs: its page under ``docs/``.
     """

@@ -18,13 +18,15 @@ whole batch) keeps the scale independent of the block size. The mean of each ran
 images, averaged over ranks by DDP, is the mean over the global batch (every rank holds
 the same number of images): nothing is gathered.
 
-The target encoder follows the trunk after every optimizer step (``IJEPAHook``)::
+The target encoder (a :class:`~vissl.models.momentum.MomentumTeacher`) follows the trunk
+after every optimizer step (:class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook`,
+its former name ``IJEPAHook`` an alias)::
 
     target = m * target + (1 - m) * trunk,   m = momentum + (final_momentum - momentum) * t / T
 
 ``t`` the optimizer steps done before this one, ``T`` the run's steps: I-JEPA's linear
 schedule (0.996 to 1.0). The target encoder is a submodule of the loss (``target_encoder.
-trunk.*`` in checkpoints), so a resume continues with it; ``MODEL.WEIGHTS_INIT`` resets it
+trunk.*`` in checkpoints; ``loss.teacher`` in code), so a resume continues with it; ``MODEL.WEIGHTS_INIT`` resets it
 to the loaded weights.
 """
 

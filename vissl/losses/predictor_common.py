@@ -33,10 +33,11 @@ forward pass: :class:`ProjectionCapture` keeps the predictor's input (a forward 
 on the last head module), so no second forward is run.
 
 **Target networks.** BYOL and MoCo v3 compare with a *target* (momentum) network: a frozen
-copy of the model without its predictor (:func:`~vissl.models.momentum.momentum_copy`
+copy of the model without its predictor (a :class:`~vissl.models.momentum.MomentumTeacher`
 with ``drop_last_heads=1``), run on the same views without gradients by
-:class:`MomentumTargetHook` after the model's forward, and moved towards the model after
-each optimizer step with the cosine momentum schedule of BYOL
+:class:`~vissl.hooks.momentum_teacher_hook.MomentumTeacherHook` (``MomentumTargetHook`` is
+an alias) after the model's forward, its projections passed to the loss as
+``teacher_output``, and moved towards the model after each optimizer step with the cosine momentum schedule of BYOL
 (``m = 1 - (1 - base) * (cos(pi * k / K) + 1) / 2``).
 """
 
