@@ -26,7 +26,7 @@ def _section(path: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "path,defaults",
     [
-        ("config.LOSS.moco_v3_loss", moco_v3_loss.DEFAULTS),
+        ("config.LOSS.moco_v3_loss", as_dict(moco_v3_loss.MoCoV3Params())),
         ("config.LOSS.vicreg_loss", as_dict(vicreg_loss.VICRegParams())),
         ("config.MODEL.TRUNK.VISION_TRANSFORMERS", vision_transformer.DEFAULTS),
     ],

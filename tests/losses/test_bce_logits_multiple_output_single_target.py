@@ -69,3 +69,20 @@ def test_errors() -> None:
         _loss(reduction="avg")
     with pytest.raises(ValueError, match="like the target"):
         _loss()(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+
+
+def test_typed_params_refuse_unknown_keys_and_bad_values() -> None:
+    from vissl.errors import ConfigError, UnknownKeyError
+    from vissl.losses.bce_logits_multiple_output_single_target import (
+        BCELogitsMultipleOutputSingleTargetLoss as Loss,
+    )
+
+    key = "config.LOSS.bce_logits_multiple_output_single_target"
+    assert Loss.from_config({}).reduction == "none"
+    with pytest.raises(UnknownKeyError) as err:
+        Loss.from_config({"reductoin": "sum"})
+    assert err.value.key_path == f"{key}.reductoin" and "reduction" in str(err.value)
+    for bad in ({"reduction": "avg"}, {"normalize_output": 1}, {"world_size": "2"}):
+        with pytest.raises(ConfigError) as err:
+            Loss.from_config(bad)
+        assert err.value.key_path == f"{key}.{next(iter(bad))}"

@@ -21,8 +21,8 @@ from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
 from vissl.losses import build_loss
 from vissl.losses.colorization_loss import (
-    DEFAULTS,
     ColorizationLoss,
+    ColorizationParams,
     rebalancing_weights,
     soft_encode_ab,
 )
@@ -258,7 +258,9 @@ def test_config_errors_name_the_key() -> None:
 
 def test_defaults_match_defaults_yaml() -> None:
     yaml = OmegaConf.to_container(OmegaConf.load(_DEFAULTS).config.LOSS.colorization_loss)
-    assert yaml == DEFAULTS
+    from vissl.config.params import as_dict
+
+    assert yaml == as_dict(ColorizationParams())
 
 
 def test_counts_are_checkpointed() -> None:

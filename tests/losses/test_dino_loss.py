@@ -429,7 +429,7 @@ def test_a_head_with_two_cluster_sizes(quick_dino_cfg) -> None:
     _head_kwargs(cfg)["num_clusters"] = [64, 32]
     with pytest.raises(ConfigError, match="num_clusters") as err:
         build_loss(cfg.LOSS, cfg)
-    assert err.value.key_path == "config.MODEL.HEAD.PARAMS"
+    assert err.value.key_path == "config.MODEL.HEAD.PARAMS[dino_head].num_clusters"
 
 
 def test_a_batch_that_is_one_tensor_or_has_other_crops() -> None:

@@ -116,7 +116,7 @@ def test_input_width_other_than_in_dim() -> None:
 def test_bad_sizes_are_config_errors(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ConfigError, match=name) as err:
         make_head(**kwargs)
-    assert err.value.key_path == KEY
+    assert err.value.key_path.startswith(f"{KEY}[dino_head].{name}")
 
 
 _DEFAULTS = Path(vissl.__file__).parent / "config" / "defaults.yaml"

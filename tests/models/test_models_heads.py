@@ -186,3 +186,66 @@ def test_mlp_contradictory_last_bn_settings_are_config_errors(
     with pytest.raises(ConfigError, match=match) as e:
         build_model(cfg, AttrDict())
     assert e.value.key_path == "config.MODEL.HEAD.PARAMS"
+
+
+# heads whose arguments are a typed dataclass: registry name -> "module:Params class"
+_HEAD_PARAMS = {
+    "dino_head": "vissl.models.heads.dino_head:DINOHeadParams",
+    "ibot_head": "vissl.models.heads.ibot_head:IBOTHeadParams",
+    "ijepa_predictor": "vissl.models.heads.ijepa_predictor:IJEPAPredictorParams",
+    "mae_decoder": "vissl.models.heads.mae_decoder:MAEDecoderParams",
+    "msn_head": "vissl.models.heads.msn_head:MSNHeadParams",
+    "swav_head": "vissl.models.heads.swav_head:SwAVHeadParams",
+    "vision_transformer_head": (
+        "vissl.models.heads.vision_transformer_head:VisionTransformerHeadParams"
+    ),
+}
+
+
+def _head_params(name: str) -> type:
+    import importlib
+
+    module, _, cls = _HEAD_PARAMS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", sorted(_HEAD_PARAMS))
+def test_a_typed_heads_signature_is_its_params(name: str) -> None:
+    """The constructor takes the dataclass's arguments with its defaults (stated once)."""
+    import dataclasses
+    import inspect
+
+    fields = {f.name: f for f in dataclasses.fields(_head_params(name))}
+    params = list(inspect.signature(get_model_head(name)).parameters.values())[1:]
+    assert [p.name for p in params] == list(fields)
+    for p in params:
+        default = fields[p.name].default
+        expected = inspect.Parameter.empty if default is dataclasses.MISSING else default
+        assert p.default == expected, p.name
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "key"),
+    [
+        ("dino_head", {"in_dim": 8, "use_bn": "yes"}, "use_bn"),
+        ("ibot_head", {"in_dim": 8, "out_dim": 4, "norm": "gn"}, "norm"),
+        (
+            "ibot_head",
+            {"in_dim": 8, "out_dim": 4, "patch_out_dim": 3, "shared_head": True},
+            "patch_out_dim",
+        ),
+        ("ijepa_predictor", {"in_dim": 8, "predictor_dim": 10, "num_heads": 2}, "predictor_dim"),
+        ("ijepa_predictor", {"in_dim": 8, "drop_path_rate": 1.0}, "drop_path_rate"),
+        ("mae_decoder", {"in_dim": 8, "decoder_mlp_dim": 0}, "decoder_mlp_dim"),
+        ("msn_head", {"in_dim": 8, "temperature": "hot"}, "temperature"),
+        ("swav_head", {"dims": [8, 4], "activation_name": "Tanh"}, "activation_name"),
+        ("swav_head", {"dims": [8, 4], "num_clusters": [3, 0]}, "num_clusters[1]"),
+        ("vision_transformer_head", {"in_plane": 8, "num_classes": True}, "num_classes"),
+    ],
+)
+def test_typed_head_arguments_are_refused_by_key(
+    name: str, kwargs: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        get_model_head(name)({}, **kwargs)
+    assert err.value.key_path == f"config.MODEL.HEAD.PARAMS[{name}].{key}"

@@ -50,7 +50,7 @@ def test_initialisation() -> None:
 def test_bad_sizes_are_config_errors(kwargs: dict) -> None:
     with pytest.raises(ConfigError) as err:
         get_model_head("vision_transformer_head")({}, **kwargs)
-    assert err.value.key_path == "config.MODEL.HEAD.PARAMS"
+    assert err.value.key_path.startswith("config.MODEL.HEAD.PARAMS[vision_transformer_head].")
 
 
 def test_feature_size_mismatch_is_named() -> None:

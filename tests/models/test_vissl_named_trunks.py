@@ -439,3 +439,91 @@ def test_timm_built_trunks_use_the_timm_trunks_prefix() -> None:
         keys = [f"trunk.{k}" for k in build(name).state_dict()]
         assert all(k.startswith("trunk." + TIMM_TRUNK_PREFIX) for k in keys), name
         assert trunk_layout(keys) == ("timm", "trunk." + TIMM_TRUNK_PREFIX)
+
+
+# the trunk families that declare typed Params: family -> (params class path, a trunk name)
+_PARAMS = {
+    "MOBILE_NET": ("vissl.models.trunks.mobile_net:MobileNetParams", "mobilenetv3"),
+    "SWIN_TRANSFORMER": ("vissl.models.trunks.swin_transformer:SwinParams", "swin_transformer"),
+    "XCIT": ("vissl.models.trunks.xcit:XCiTParams", "xcit"),
+    "BEIT": ("vissl.models.trunks.beit:BEiTParams", "beit"),
+    "CONVIT": ("vissl.models.trunks.convit:ConViTParams", "convit"),
+    "CONVNEXT": ("vissl.models.trunks.convnext:ConvNeXtParams", "convnext"),
+    "EFFICIENT_NETS": ("vissl.models.trunks.efficientnet:EfficientNetParams", "efficientnet"),
+    "RESNETS_SK": ("vissl.models.trunks.resnet_sk:ResNetSKParams", "resnet_sk"),
+}
+
+
+def _params_cls(family: str) -> type:
+    import importlib
+
+    module, _, name = _PARAMS[family][0].partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("family", sorted(_PARAMS))
+def test_params_defaults_are_the_defaults_yaml_block(family: str) -> None:
+    from vissl.config.params import as_dict
+
+    assert as_dict(_params_cls(family)()) == _MODEL["TRUNK"][family]
+
+
+@pytest.mark.parametrize("family", sorted(_PARAMS))
+def test_unknown_trunk_key_names_its_path_and_the_valid_keys(family: str) -> None:
+    from vissl.config.params import keys_of
+    from vissl.errors import UnknownKeyError
+
+    name = _PARAMS[family][1]
+    cfg = model_config(name)
+    cfg.TRUNK[family] = {**cfg.TRUNK[family], "NOT_A_KEY": 1}
+    with pytest.raises(UnknownKeyError) as err:
+        get_model_trunk(name)(AttrDict(cfg), name)
+    assert err.value.key_path == f"config.MODEL.TRUNK.{family}.NOT_A_KEY"
+    assert str(keys_of(_params_cls(family))) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("family", "block", "expected"),
+    [
+        ("BEIT", {"INIT_VALUES": False}, False),
+        ("BEIT", {"INIT_VALUES": None}, None),
+        ("BEIT", {"INIT_VALUES": 0}, 0.0),
+        ("BEIT", {"INIT_VALUES": 0.1}, 0.1),
+        ("CONVIT", {"QK_SCALE": 0.5}, 0.5),
+        ("CONVIT", {"QK_SCALE": None}, None),
+        ("CONVIT", {"N_GPSA_LAYERS": 0}, 0),
+        ("SWIN_TRANSFORMER", {"MLP_RATIO": 2}, 2.0),
+        ("XCIT", {"ETA": 1}, 1.0),
+    ],
+)
+def test_params_accept_vissls_values(family: str, block: dict[str, Any], expected: Any) -> None:
+    from vissl.config.params import parse
+
+    p = parse(_params_cls(family), block, f"config.MODEL.TRUNK.{family}")
+    assert getattr(p, next(iter(block))) == expected
+
+
+@pytest.mark.parametrize(
+    ("family", "block", "key"),
+    [
+        ("BEIT", {"INIT_VALUES": True}, "INIT_VALUES"),
+        ("BEIT", {"INIT_VALUES": -1}, "INIT_VALUES"),
+        ("SWIN_TRANSFORMER", {"DEPTHS": []}, "DEPTHS"),
+        ("SWIN_TRANSFORMER", {"DEPTHS": [2, 0]}, "DEPTHS[1]"),
+        ("SWIN_TRANSFORMER", {"EMBED_DIM": 10}, "NUM_HEADS"),
+        ("SWIN_TRANSFORMER", {"name": 3}, "name"),
+        ("XCIT", {"QK_SCALE": 0.5}, "QK_SCALE"),
+        ("XCIT", {"ETA": 0}, "ETA"),
+        ("CONVIT", {"N_GPSA_LAYERS": -1}, "N_GPSA_LAYERS"),
+        ("CONVIT", {"LOCALITY_DIM": 0}, "LOCALITY_DIM"),
+        ("MOBILE_NET", {"TIMM_BN": "yes"}, "TIMM_BN"),
+    ],
+)
+def test_params_refuse_bad_values_naming_the_key(
+    family: str, block: dict[str, Any], key: str
+) -> None:
+    from vissl.config.params import parse
+
+    with pytest.raises(ConfigError) as err:
+        parse(_params_cls(family), block, f"config.MODEL.TRUNK.{family}")
+    assert err.value.key_path == f"config.MODEL.TRUNK.{family}.{key}"

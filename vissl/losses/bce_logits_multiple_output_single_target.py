@@ -16,19 +16,30 @@ VISSL ran only ``none`` (its other reductions failed on the ignore mask).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vissl.errors import ConfigError
+from vissl.config.params import OneOf, parse
 from vissl.losses import register_loss
 
 _KEY = "config.LOSS.bce_logits_multiple_output_single_target"
 _REDUCTIONS = ("none", "mean", "sum")
 #: target value of an entry that does not count
 IGNORE = -1
+
+
+@dataclass(kw_only=True, frozen=True)
+class BCELogitsParams:
+    """``config.LOSS.bce_logits_multiple_output_single_target`` (VISSL's keys)."""
+
+    reduction: Annotated[str, OneOf(*_REDUCTIONS)] = "none"
+    normalize_output: bool = False
+    #: inferred by VISSL and not used by the loss
+    world_size: int = 1
 
 
 @register_loss("bce_logits_multiple_output_single_target")
@@ -42,32 +53,32 @@ class BCELogitsMultipleOutputSingleTargetLoss(nn.Module):
         world_size: accepted for VISSL configs (VISSL infers and does not use it).
     """
 
+    Params = BCELogitsParams
+
     def __init__(
-        self, reduction: str = "none", normalize_output: bool = False, world_size: int = 1
+        self,
+        reduction: str = BCELogitsParams.reduction,
+        normalize_output: bool = BCELogitsParams.normalize_output,
+        world_size: int = BCELogitsParams.world_size,
     ) -> None:
         super().__init__()
-        if reduction not in _REDUCTIONS:
-            raise ConfigError(
-                f"{_KEY}.reduction must be one of {list(_REDUCTIONS)}, got {reduction!r}.",
-                f"{_KEY}.reduction",
-            )
-        if not isinstance(normalize_output, bool):
-            raise ConfigError(
-                f"{_KEY}.normalize_output must be true or false, got {normalize_output!r}.",
-                f"{_KEY}.normalize_output",
-            )
-        self.reduction = reduction
-        self.normalize_output = normalize_output
-        self.world_size = int(world_size)
+        p = parse(
+            BCELogitsParams,
+            {
+                "reduction": reduction,
+                "normalize_output": normalize_output,
+                "world_size": world_size,
+            },
+            _KEY,
+        )
+        self.reduction = p.reduction
+        self.normalize_output = p.normalize_output
+        self.world_size = p.world_size
 
     @classmethod
     def from_config(cls, loss_config: Mapping[str, Any]) -> BCELogitsMultipleOutputSingleTargetLoss:
         """Build from ``LOSS.bce_logits_multiple_output_single_target``."""
-        return cls(
-            reduction=loss_config.get("reduction", "none"),
-            normalize_output=loss_config.get("normalize_output", False),
-            world_size=loss_config.get("world_size", 1),
-        )
+        return cls(**vars(parse(BCELogitsParams, loss_config, _KEY)))
 
     def _one(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if pred.ndim != 2 or target.shape != pred.shape:

@@ -43,14 +43,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import IntAtLeast, NonNegative, Note, Range, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.utils.distributed import all_reduce_sum
@@ -62,15 +64,22 @@ _KEY = "config.LOSS.colorization_loss"
 _HEAD_KEY = "config.MODEL.HEAD.PARAMS"
 
 #: LOSS.colorization_loss defaults (defaults.yaml holds the same, with comments)
-DEFAULTS: dict[str, Any] = {
-    "grid_size": 10,
-    "num_neighbors": 5,
-    "soft_encoding_sigma": 5.0,
-    "prior_smoothing_sigma": 5.0,
-    "prior_mix": 0.5,
-    "prior_file": "",
-    "bin_centers_file": "",
-}
+
+
+@dataclass(kw_only=True, frozen=True)
+class ColorizationParams:
+    """``config.LOSS.colorization_loss`` (Zhang et al.'s values).
+
+    ``num_neighbors`` is at most the number of bins (checked when the bins are known).
+    """
+
+    grid_size: Annotated[int, IntAtLeast(1), Note("Zhang et al.: 10")] = 10
+    num_neighbors: Annotated[int, IntAtLeast(1), Note("Zhang et al.: 5")] = 5
+    soft_encoding_sigma: Annotated[float, Range(low=1e-6), Note("ab units; 5")] = 5.0
+    prior_smoothing_sigma: Annotated[float, NonNegative, Note("5; 0: none")] = 5.0
+    prior_mix: Annotated[float, Unit] = 0.5
+    prior_file: str = ""
+    bin_centers_file: str = ""
 
 
 def soft_encode_ab(
@@ -142,16 +151,6 @@ def _load_vector(path: str, key: str) -> torch.Tensor:
     return value.to(torch.float64)
 
 
-def _check_number(value: Any, key: str, low: float, high: float | None, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number ({what}); got {value!r}.", f"{_KEY}.{key}"
-        )
-    if value < low or (high is not None and value > high):
-        raise ConfigError(f"{_KEY}.{key}={value!r}: {what}.", f"{_KEY}.{key}")
-    return float(value)
-
-
 @register_loss("colorization_loss")
 class ColorizationLoss(nn.Module):
     """Class-rebalanced multinomial cross-entropy over ab bins (see the module docstring).
@@ -173,21 +172,30 @@ class ColorizationLoss(nn.Module):
 
     def __init__(
         self,
-        grid_size: int = 10,
-        num_neighbors: int = 5,
-        soft_encoding_sigma: float = 5.0,
-        prior_smoothing_sigma: float = 5.0,
-        prior_mix: float = 0.5,
-        prior_file: str = "",
-        bin_centers_file: str = "",
+        grid_size: int = ColorizationParams.grid_size,
+        num_neighbors: int = ColorizationParams.num_neighbors,
+        soft_encoding_sigma: float = ColorizationParams.soft_encoding_sigma,
+        prior_smoothing_sigma: float = ColorizationParams.prior_smoothing_sigma,
+        prior_mix: float = ColorizationParams.prior_mix,
+        prior_file: str = ColorizationParams.prior_file,
+        bin_centers_file: str = ColorizationParams.bin_centers_file,
     ) -> None:
         super().__init__()
-        if isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size <= 0:
-            raise ConfigError(
-                f"{_KEY}.grid_size must be a positive integer (Zhang et al.: 10); got "
-                f"{grid_size!r}.",
-                f"{_KEY}.grid_size",
-            )
+        p = parse(
+            ColorizationParams,
+            {
+                "grid_size": grid_size,
+                "num_neighbors": num_neighbors,
+                "soft_encoding_sigma": soft_encoding_sigma,
+                "prior_smoothing_sigma": prior_smoothing_sigma,
+                "prior_mix": prior_mix,
+                "prior_file": prior_file,
+                "bin_centers_file": bin_centers_file,
+            },
+            _KEY,
+        )
+        grid_size, num_neighbors = p.grid_size, p.num_neighbors
+        prior_file, bin_centers_file = p.prior_file, p.bin_centers_file
         if bin_centers_file:
             centers = _load_vector(str(bin_centers_file), f"{_KEY}.bin_centers_file")
             if centers.dim() != 2 or centers.shape[1] != 2 or centers.shape[0] < 2:
@@ -202,24 +210,16 @@ class ColorizationLoss(nn.Module):
             centers = in_gamut_ab_bins(grid_size)[0].clone()
             self.bins_source = f"the in-gamut ab bins of grid_size {grid_size}"
         self.num_bins = int(centers.shape[0])
-        if (
-            isinstance(num_neighbors, bool)
-            or not isinstance(num_neighbors, int)
-            or not 1 <= num_neighbors <= self.num_bins
-        ):
+        if num_neighbors > self.num_bins:
             raise ConfigError(
                 f"{_KEY}.num_neighbors must be an integer in [1, {self.num_bins}] (Zhang et "
                 f"al.: 5); got {num_neighbors!r}.",
                 f"{_KEY}.num_neighbors",
             )
         self.num_neighbors = num_neighbors
-        self.soft_encoding_sigma = _check_number(
-            soft_encoding_sigma, "soft_encoding_sigma", 1e-6, None, "must be > 0 (5)"
-        )
-        self.prior_smoothing_sigma = _check_number(
-            prior_smoothing_sigma, "prior_smoothing_sigma", 0.0, None, "must be >= 0 (5; 0: none)"
-        )
-        self.prior_mix = _check_number(prior_mix, "prior_mix", 0.0, 1.0, "must be in [0, 1]")
+        self.soft_encoding_sigma = p.soft_encoding_sigma
+        self.prior_smoothing_sigma = p.prior_smoothing_sigma
+        self.prior_mix = p.prior_mix
         if self.prior_mix == 0.0:
             logger.warning(
                 "%s.prior_mix is 0: bins of zero prior would get infinite weights where "
@@ -247,13 +247,7 @@ class ColorizationLoss(nn.Module):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> ColorizationLoss:
-        unknown = sorted(set(params) - set(DEFAULTS))
-        if unknown:
-            raise ConfigError(
-                f"{_KEY} has no parameter(s) {unknown}; its parameters are {sorted(DEFAULTS)}.",
-                f"{_KEY}.{unknown[0]}",
-            )
-        return cls(**{**DEFAULTS, **dict(params)})
+        return cls(**vars(parse(ColorizationParams, params, _KEY)))
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The current ``(w, p~)``: per-bin weights and smoothed prior (float64)."""

@@ -37,10 +37,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 
+from vissl.config.params import IntAtLeast, Positive, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import find_head_params, transform_num_crops
@@ -55,30 +57,36 @@ logger = logging.getLogger(__name__)
 _KEY = "config.LOSS.dino_loss"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+@dataclass(kw_only=True, frozen=True)
+class DINOParams:
+    """``config.LOSS.dino_loss`` (DINO's values; ``output_dim`` and ``num_crops`` are
+    derived from the head and the transforms)."""
 
+    momentum: Annotated[float, Unit] = 0.996
+    student_temp: Annotated[float, Positive] = 0.1
+    teacher_temp_min: Annotated[float, Positive] = 0.04
+    teacher_temp_max: Annotated[float, Positive] = 0.07
+    teacher_temp_warmup_iters: Annotated[int, IntAtLeast(0)] = 37530
+    crops_for_teacher: Sequence[Any] = (0, 1)
+    ema_center: Annotated[float, Unit] = 0.9
+    normalize_last_layer: bool = True
+    output_dim: Annotated[int, IntAtLeast(1)] = 65536
+    num_crops: Annotated[int, IntAtLeast(2)] = 2
 
-def _positive(value: Any, key: str) -> float:
-    if not _is_number(value) or value <= 0:
-        raise ConfigError(f"{_KEY}.{key} must be a number > 0, got {value!r}.", f"{_KEY}.{key}")
-    return float(value)
-
-
-def _unit(value: Any, key: str) -> float:
-    if not _is_number(value) or not 0.0 <= value <= 1.0:
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number in [0, 1], got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
-
-
-def _int(value: Any, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"{_KEY}.{key} must be an integer >= {minimum}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
+    def check(self, key_path: str) -> None:
+        crops = list(self.crops_for_teacher)
+        if (
+            not crops
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in crops)
+            or len(set(crops)) != len(crops)
+            or not all(0 <= c < self.num_crops for c in crops)
+        ):
+            raise ConfigError(
+                f"{key_path}.crops_for_teacher must list distinct crop indices in "
+                f"[0, {self.num_crops - 1}] (the batch has {self.num_crops} crops per "
+                f"sample), e.g. [0, 1] for the two global crops; got {crops!r}.",
+                f"{key_path}.crops_for_teacher",
+            )
 
 
 def teacher_temperature(iteration: int, temp_min: float, temp_max: float, warmup: int) -> float:
@@ -118,45 +126,47 @@ class DINOLoss(SelfDistillationLoss):
         num_crops: crops per sample in the batch.
     """
 
+    Params = DINOParams
+
     def __init__(
         self,
-        momentum: float = 0.996,
-        student_temp: float = 0.1,
-        teacher_temp_min: float = 0.04,
-        teacher_temp_max: float = 0.07,
-        teacher_temp_warmup_iters: int = 37530,
-        crops_for_teacher: Sequence[int] = (0, 1),
-        ema_center: float = 0.9,
-        normalize_last_layer: bool = True,
-        output_dim: int = 65536,
-        num_crops: int = 2,
+        momentum: float = DINOParams.momentum,
+        student_temp: float = DINOParams.student_temp,
+        teacher_temp_min: float = DINOParams.teacher_temp_min,
+        teacher_temp_max: float = DINOParams.teacher_temp_max,
+        teacher_temp_warmup_iters: int = DINOParams.teacher_temp_warmup_iters,
+        crops_for_teacher: Sequence[int] = DINOParams.crops_for_teacher,
+        ema_center: float = DINOParams.ema_center,
+        normalize_last_layer: bool = DINOParams.normalize_last_layer,
+        output_dim: int = DINOParams.output_dim,
+        num_crops: int = DINOParams.num_crops,
     ) -> None:
-        super().__init__(_unit(momentum, "momentum"))
-        self.student_temp = _positive(student_temp, "student_temp")
-        self.teacher_temp_min = _positive(teacher_temp_min, "teacher_temp_min")
-        self.teacher_temp_max = _positive(teacher_temp_max, "teacher_temp_max")
-        self.teacher_temp_warmup_iters = _int(
-            teacher_temp_warmup_iters, "teacher_temp_warmup_iters", 0
+        p = parse(
+            DINOParams,
+            {
+                "momentum": momentum,
+                "student_temp": student_temp,
+                "teacher_temp_min": teacher_temp_min,
+                "teacher_temp_max": teacher_temp_max,
+                "teacher_temp_warmup_iters": teacher_temp_warmup_iters,
+                "crops_for_teacher": crops_for_teacher,
+                "ema_center": ema_center,
+                "normalize_last_layer": normalize_last_layer,
+                "output_dim": output_dim,
+                "num_crops": num_crops,
+            },
+            _KEY,
         )
-        self.ema_center = _unit(ema_center, "ema_center")
-        self.normalize_last_layer = bool(normalize_last_layer)
-        self.output_dim = _int(output_dim, "output_dim", 1)
-        self.num_crops = _int(num_crops, "num_crops", 2)
-        crops = list(crops_for_teacher) if isinstance(crops_for_teacher, Sequence) else None
-        if (
-            not crops
-            or isinstance(crops_for_teacher, str)
-            or not all(isinstance(c, int) and not isinstance(c, bool) for c in crops)
-            or len(set(crops)) != len(crops)
-            or not all(0 <= c < self.num_crops for c in crops)
-        ):
-            raise ConfigError(
-                f"{_KEY}.crops_for_teacher must list distinct crop indices in "
-                f"[0, {self.num_crops - 1}] (the batch has {self.num_crops} crops per "
-                f"sample), e.g. [0, 1] for the two global crops; got {crops_for_teacher!r}.",
-                f"{_KEY}.crops_for_teacher",
-            )
-        self.crops_for_teacher = crops
+        super().__init__(p.momentum)
+        self.student_temp = p.student_temp
+        self.teacher_temp_min = p.teacher_temp_min
+        self.teacher_temp_max = p.teacher_temp_max
+        self.teacher_temp_warmup_iters = p.teacher_temp_warmup_iters
+        self.ema_center = p.ema_center
+        self.normalize_last_layer = p.normalize_last_layer
+        self.output_dim = p.output_dim
+        self.num_crops = p.num_crops
+        self.crops_for_teacher = list(p.crops_for_teacher)
         self.register_buffer("center", torch.zeros(1, self.output_dim))
         self.center: torch.Tensor
         #: the EMA of the teacher's outputs (DINO's in-place form, see Center)
@@ -194,8 +204,10 @@ class DINOLoss(SelfDistillationLoss):
             if params.get("output_dim") != out:
                 logger.info("%s.output_dim set to %d, the dino_head's num_clusters", _KEY, out)
             params["output_dim"] = out
-        head_norm = head.get("normalize_last_layer", True)
-        loss_norm = params.get("normalize_last_layer", True)
+        from vissl.models.heads.dino_head import DINOHeadParams
+
+        head_norm = head.get("normalize_last_layer", DINOHeadParams.normalize_last_layer)
+        loss_norm = params.get("normalize_last_layer", DINOParams.normalize_last_layer)
         if bool(head_norm) != bool(loss_norm):
             raise ConfigError(
                 f"{_KEY}.normalize_last_layer is {loss_norm} but the dino_head in "
@@ -206,18 +218,7 @@ class DINOLoss(SelfDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> DINOLoss:
-        return cls(
-            momentum=params.get("momentum", 0.996),
-            student_temp=params.get("student_temp", 0.1),
-            teacher_temp_min=params.get("teacher_temp_min", 0.04),
-            teacher_temp_max=params.get("teacher_temp_max", 0.07),
-            teacher_temp_warmup_iters=params.get("teacher_temp_warmup_iters", 37530),
-            crops_for_teacher=list(params.get("crops_for_teacher", [0, 1])),
-            ema_center=params.get("ema_center", 0.9),
-            normalize_last_layer=params.get("normalize_last_layer", True),
-            output_dim=params.get("output_dim", 65536),
-            num_crops=params.get("num_crops", 2),
-        )
+        return cls(**vars(parse(DINOParams, params, _KEY)))
 
     #: how to leave a collapse (MomentumTeacherHook's warning at ln(output_dim))
     collapse_hint = (

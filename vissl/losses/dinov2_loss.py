@@ -39,17 +39,17 @@ logged as ``loss.dino_loss`` etc.).
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 
+from vissl.config.params import IntAtLeast, NonNegative, Note, OneOf, Positive, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses._checks import KeyChecks, build_from_params, is_number
 from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
-    check_crops,
     infer_masked_distillation_config,
     koleo_loss,
     masked_rows,
@@ -63,8 +63,30 @@ from vissl.models.momentum import TeacherStep
 from vissl.utils.distributed import all_reduce_sum
 
 _KEY = "config.LOSS.dinov2_loss"
-_check = KeyChecks(_KEY)
 CENTERINGS = ("centering", "sinkhorn_knopp")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DINOv2Params:
+    """``config.LOSS.dinov2_loss`` (DINOv2's values; the crops and the head's widths are
+    derived from the rest of the config)."""
+
+    momentum_teacher: Annotated[float, Unit] = 0.992
+    final_momentum_teacher: Annotated[float, Unit] = 1.0
+    student_temp: Annotated[float, Positive] = 0.1
+    warmup_teacher_temp: Annotated[float, Positive] = 0.04
+    teacher_temp: Annotated[float, Positive] = 0.07
+    warmup_teacher_temp_iters: Annotated[int, IntAtLeast(0)] = 37500
+    centering: Annotated[str, OneOf(*CENTERINGS), Note("DINOv2's train.centering")] = "centering"
+    center_momentum: Annotated[float, Unit] = 0.9
+    sinkhorn_knopp_iterations: Annotated[int, IntAtLeast(1)] = 3
+    dino_loss_weight: Annotated[float, NonNegative] = 1.0
+    koleo_loss_weight: Annotated[float, NonNegative, Note("0: off")] = 0.1
+    ibot_loss_weight: Annotated[float, NonNegative] = 1.0
+    num_global_crops: Annotated[int, IntAtLeast(1)] = 2
+    num_local_crops: Annotated[int, IntAtLeast(0)] = 8
+    out_dim: Annotated[int, IntAtLeast(1)] = 65536
+    patch_out_dim: Annotated[int, IntAtLeast(1)] = 65536
 
 
 def linear_warmup(iteration: int, start: float, end: float, warmup_iters: int) -> float:
@@ -98,54 +120,64 @@ class DINOv2Loss(MaskedDistillationLoss):
         patch_out_dim: the head's patch output width (from the ibot_head).
     """
 
+    Params = DINOv2Params
+
     def __init__(
         self,
-        momentum_teacher: float = 0.992,
-        final_momentum_teacher: float = 1.0,
-        student_temp: float = 0.1,
-        warmup_teacher_temp: float = 0.04,
-        teacher_temp: float = 0.07,
-        warmup_teacher_temp_iters: int = 37500,
-        centering: str = "centering",
-        center_momentum: float = 0.9,
-        sinkhorn_knopp_iterations: int = 3,
-        dino_loss_weight: float = 1.0,
-        koleo_loss_weight: float = 0.1,
-        ibot_loss_weight: float = 1.0,
-        num_global_crops: int = 2,
-        num_local_crops: int = 8,
-        out_dim: int = 65536,
-        patch_out_dim: int = 65536,
+        momentum_teacher: float = DINOv2Params.momentum_teacher,
+        final_momentum_teacher: float = DINOv2Params.final_momentum_teacher,
+        student_temp: float = DINOv2Params.student_temp,
+        warmup_teacher_temp: float = DINOv2Params.warmup_teacher_temp,
+        teacher_temp: float = DINOv2Params.teacher_temp,
+        warmup_teacher_temp_iters: int = DINOv2Params.warmup_teacher_temp_iters,
+        centering: str = DINOv2Params.centering,
+        center_momentum: float = DINOv2Params.center_momentum,
+        sinkhorn_knopp_iterations: int = DINOv2Params.sinkhorn_knopp_iterations,
+        dino_loss_weight: float = DINOv2Params.dino_loss_weight,
+        koleo_loss_weight: float = DINOv2Params.koleo_loss_weight,
+        ibot_loss_weight: float = DINOv2Params.ibot_loss_weight,
+        num_global_crops: int = DINOv2Params.num_global_crops,
+        num_local_crops: int = DINOv2Params.num_local_crops,
+        out_dim: int = DINOv2Params.out_dim,
+        patch_out_dim: int = DINOv2Params.patch_out_dim,
     ) -> None:
-        super().__init__(
-            _check.unit(momentum_teacher, "momentum_teacher"),
-            _check.unit(final_momentum_teacher, "final_momentum_teacher"),
+        p = parse(
+            DINOv2Params,
+            {
+                "momentum_teacher": momentum_teacher,
+                "final_momentum_teacher": final_momentum_teacher,
+                "student_temp": student_temp,
+                "warmup_teacher_temp": warmup_teacher_temp,
+                "teacher_temp": teacher_temp,
+                "warmup_teacher_temp_iters": warmup_teacher_temp_iters,
+                "centering": centering,
+                "center_momentum": center_momentum,
+                "sinkhorn_knopp_iterations": sinkhorn_knopp_iterations,
+                "dino_loss_weight": dino_loss_weight,
+                "koleo_loss_weight": koleo_loss_weight,
+                "ibot_loss_weight": ibot_loss_weight,
+                "num_global_crops": num_global_crops,
+                "num_local_crops": num_local_crops,
+                "out_dim": out_dim,
+                "patch_out_dim": patch_out_dim,
+            },
+            _KEY,
         )
-        self.student_temp = _check.positive(student_temp, "student_temp")
-        self.warmup_teacher_temp = _check.positive(warmup_teacher_temp, "warmup_teacher_temp")
-        self.teacher_temp_final = _check.positive(teacher_temp, "teacher_temp")
-        self.warmup_teacher_temp_iters = _check.count(
-            warmup_teacher_temp_iters, "warmup_teacher_temp_iters", 0
-        )
-        if centering not in CENTERINGS:
-            raise ConfigError(
-                f"{_KEY}.centering must be one of {list(CENTERINGS)} (DINOv2's "
-                f"train.centering), got {centering!r}.",
-                f"{_KEY}.centering",
-            )
-        self.centering = centering
-        self.center_momentum = _check.unit(center_momentum, "center_momentum")
-        self.sinkhorn_knopp_iterations = _check.count(
-            sinkhorn_knopp_iterations, "sinkhorn_knopp_iterations", 1
-        )
-        self.dino_loss_weight = _check.non_negative(dino_loss_weight, "dino_loss_weight")
-        self.koleo_loss_weight = _check.non_negative(koleo_loss_weight, "koleo_loss_weight")
-        self.ibot_loss_weight = _check.non_negative(ibot_loss_weight, "ibot_loss_weight")
-        check_crops(num_global_crops, num_local_crops, _KEY)
-        self.num_global_crops = num_global_crops
-        self.num_local_crops = num_local_crops
-        self.out_dim = _check.count(out_dim, "out_dim", 1)
-        self.patch_out_dim = _check.count(patch_out_dim, "patch_out_dim", 1)
+        super().__init__(p.momentum_teacher, p.final_momentum_teacher)
+        self.student_temp = p.student_temp
+        self.warmup_teacher_temp = p.warmup_teacher_temp
+        self.teacher_temp_final = p.teacher_temp
+        self.warmup_teacher_temp_iters = p.warmup_teacher_temp_iters
+        self.centering = p.centering
+        self.center_momentum = p.center_momentum
+        self.sinkhorn_knopp_iterations = p.sinkhorn_knopp_iterations
+        self.dino_loss_weight = p.dino_loss_weight
+        self.koleo_loss_weight = p.koleo_loss_weight
+        self.ibot_loss_weight = p.ibot_loss_weight
+        self.num_global_crops = p.num_global_crops
+        self.num_local_crops = p.num_local_crops
+        self.out_dim = p.out_dim
+        self.patch_out_dim = p.patch_out_dim
         self.register_buffer("center", torch.zeros(1, self.out_dim))
         self.register_buffer("patch_center", torch.zeros(1, self.patch_out_dim))
         self.center: torch.Tensor
@@ -164,8 +196,13 @@ class DINOv2Loss(MaskedDistillationLoss):
             ConfigError: a setting that does not fit, naming its key.
         """
         head = infer_masked_distillation_config(params, config, _KEY)
-        koleo = params.get("koleo_loss_weight", 0.1)
-        if is_number(koleo) and koleo > 0 and not head.get("output_cls_token", False):
+        koleo = params.get("koleo_loss_weight", DINOv2Params.koleo_loss_weight)
+        if (
+            isinstance(koleo, int | float)
+            and not isinstance(koleo, bool)
+            and koleo > 0
+            and not head.get("output_cls_token", False)
+        ):
             raise ConfigError(
                 f"{_KEY}.koleo_loss_weight is {koleo} but the ibot_head does not return the "
                 'trunk\'s class token that KoLeo spreads: add "output_cls_token": True to '
@@ -175,7 +212,7 @@ class DINOv2Loss(MaskedDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> DINOv2Loss:
-        return build_from_params(cls, params, _KEY)
+        return cls(**vars(parse(DINOv2Params, params, _KEY)))
 
     def schedule_inputs(self, step: TeacherStep) -> dict[str, Any]:
         """The teacher temperature of ``step.iteration`` (DINOv2's schedules are per

@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 
+from vissl.config.params import IntAtLeast, NonNegative, Positive, Unit, parse
 from vissl.losses import register_loss
-from vissl.losses._checks import KeyChecks, build_from_params
 from vissl.losses.self_distillation import (
     MaskedDistillationLoss,
     check_batch_layout,
-    check_crops,
     infer_masked_distillation_config,
     pairwise_cls_cross_entropy,
     soft_cross_entropy,
@@ -51,7 +51,30 @@ from vissl.models.momentum import TeacherStep
 logger = logging.getLogger(__name__)
 
 _KEY = "config.LOSS.ibot_loss"
-_check = KeyChecks(_KEY)
+
+
+@dataclass(kw_only=True, frozen=True)
+class IBOTParams:
+    """``config.LOSS.ibot_loss`` (iBOT's values; the crops, the head's widths and
+    ``num_epochs`` are derived from the rest of the config)."""
+
+    teacher_momentum: Annotated[float, Unit] = 0.996
+    warmup_teacher_temp: Annotated[float, Positive] = 0.04
+    teacher_temp: Annotated[float, Positive] = 0.04
+    warmup_teacher_patch_temp: Annotated[float, Positive] = 0.04
+    teacher_patch_temp: Annotated[float, Positive] = 0.07
+    warmup_teacher_temp_epochs: Annotated[int, IntAtLeast(0)] = 30
+    student_temp: Annotated[float, Positive] = 0.1
+    center_momentum: Annotated[float, Unit] = 0.9
+    center_momentum2: Annotated[float, Unit] = 0.9
+    lambda1: Annotated[float, NonNegative] = 1.0
+    lambda2: Annotated[float, NonNegative] = 1.0
+    mim_start_epoch: Annotated[int, IntAtLeast(0)] = 0
+    num_global_crops: Annotated[int, IntAtLeast(1)] = 2
+    num_local_crops: Annotated[int, IntAtLeast(0)] = 8
+    out_dim: Annotated[int, IntAtLeast(1)] = 8192
+    patch_out_dim: Annotated[int, IntAtLeast(1)] = 8192
+    num_epochs: Annotated[int, IntAtLeast(0)] = 10
 
 
 def ibot_temperature(
@@ -93,48 +116,68 @@ class IBOTLoss(MaskedDistillationLoss):
         num_epochs: the run's epochs (from OPTIMIZER.num_epochs; VISSL's schedule length).
     """
 
+    Params = IBOTParams
+
     def __init__(
         self,
-        teacher_momentum: float = 0.996,
-        warmup_teacher_temp: float = 0.04,
-        teacher_temp: float = 0.04,
-        warmup_teacher_patch_temp: float = 0.04,
-        teacher_patch_temp: float = 0.07,
-        warmup_teacher_temp_epochs: int = 30,
-        student_temp: float = 0.1,
-        center_momentum: float = 0.9,
-        center_momentum2: float = 0.9,
-        lambda1: float = 1.0,
-        lambda2: float = 1.0,
-        mim_start_epoch: int = 0,
-        num_global_crops: int = 2,
-        num_local_crops: int = 8,
-        out_dim: int = 8192,
-        patch_out_dim: int = 8192,
-        num_epochs: int = 10,
+        teacher_momentum: float = IBOTParams.teacher_momentum,
+        warmup_teacher_temp: float = IBOTParams.warmup_teacher_temp,
+        teacher_temp: float = IBOTParams.teacher_temp,
+        warmup_teacher_patch_temp: float = IBOTParams.warmup_teacher_patch_temp,
+        teacher_patch_temp: float = IBOTParams.teacher_patch_temp,
+        warmup_teacher_temp_epochs: int = IBOTParams.warmup_teacher_temp_epochs,
+        student_temp: float = IBOTParams.student_temp,
+        center_momentum: float = IBOTParams.center_momentum,
+        center_momentum2: float = IBOTParams.center_momentum2,
+        lambda1: float = IBOTParams.lambda1,
+        lambda2: float = IBOTParams.lambda2,
+        mim_start_epoch: int = IBOTParams.mim_start_epoch,
+        num_global_crops: int = IBOTParams.num_global_crops,
+        num_local_crops: int = IBOTParams.num_local_crops,
+        out_dim: int = IBOTParams.out_dim,
+        patch_out_dim: int = IBOTParams.patch_out_dim,
+        num_epochs: int = IBOTParams.num_epochs,
     ) -> None:
-        super().__init__(_check.unit(teacher_momentum, "teacher_momentum"))
-        self.warmup_teacher_temp = _check.positive(warmup_teacher_temp, "warmup_teacher_temp")
-        self.teacher_temp_final = _check.positive(teacher_temp, "teacher_temp")
-        self.warmup_teacher_patch_temp = _check.positive(
-            warmup_teacher_patch_temp, "warmup_teacher_patch_temp"
+        p = parse(
+            IBOTParams,
+            {
+                "teacher_momentum": teacher_momentum,
+                "warmup_teacher_temp": warmup_teacher_temp,
+                "teacher_temp": teacher_temp,
+                "warmup_teacher_patch_temp": warmup_teacher_patch_temp,
+                "teacher_patch_temp": teacher_patch_temp,
+                "warmup_teacher_temp_epochs": warmup_teacher_temp_epochs,
+                "student_temp": student_temp,
+                "center_momentum": center_momentum,
+                "center_momentum2": center_momentum2,
+                "lambda1": lambda1,
+                "lambda2": lambda2,
+                "mim_start_epoch": mim_start_epoch,
+                "num_global_crops": num_global_crops,
+                "num_local_crops": num_local_crops,
+                "out_dim": out_dim,
+                "patch_out_dim": patch_out_dim,
+                "num_epochs": num_epochs,
+            },
+            _KEY,
         )
-        self.teacher_patch_temp_final = _check.positive(teacher_patch_temp, "teacher_patch_temp")
-        self.warmup_teacher_temp_epochs = _check.count(
-            warmup_teacher_temp_epochs, "warmup_teacher_temp_epochs"
-        )
-        self.student_temp = _check.positive(student_temp, "student_temp")
-        self.center_momentum = _check.unit(center_momentum, "center_momentum")
-        self.center_momentum2 = _check.unit(center_momentum2, "center_momentum2")
-        self.lambda1 = _check.non_negative(lambda1, "lambda1")
-        self.lambda2 = _check.non_negative(lambda2, "lambda2")
-        self.mim_start_epoch = _check.count(mim_start_epoch, "mim_start_epoch")
-        check_crops(num_global_crops, num_local_crops, _KEY)
-        self.num_global_crops = num_global_crops
-        self.num_local_crops = num_local_crops
-        self.out_dim = _check.count(out_dim, "out_dim", 1)
-        self.patch_out_dim = _check.count(patch_out_dim, "patch_out_dim", 1)
-        self.num_epochs = _check.count(num_epochs, "num_epochs")
+        super().__init__(p.teacher_momentum)
+        self.warmup_teacher_temp = p.warmup_teacher_temp
+        self.teacher_temp_final = p.teacher_temp
+        self.warmup_teacher_patch_temp = p.warmup_teacher_patch_temp
+        self.teacher_patch_temp_final = p.teacher_patch_temp
+        self.warmup_teacher_temp_epochs = p.warmup_teacher_temp_epochs
+        self.student_temp = p.student_temp
+        self.center_momentum = p.center_momentum
+        self.center_momentum2 = p.center_momentum2
+        self.lambda1 = p.lambda1
+        self.lambda2 = p.lambda2
+        self.mim_start_epoch = p.mim_start_epoch
+        self.num_global_crops = p.num_global_crops
+        self.num_local_crops = p.num_local_crops
+        self.out_dim = out_dim = p.out_dim
+        self.patch_out_dim = patch_out_dim = p.patch_out_dim
+        self.num_epochs = p.num_epochs
         if self.warmup_teacher_temp_epochs + self.mim_start_epoch > max(self.num_epochs, 1):
             logger.warning(
                 "%s: warmup_teacher_temp_epochs (%d) + mim_start_epoch (%d) exceed num_epochs "
@@ -170,7 +213,7 @@ class IBOTLoss(MaskedDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> IBOTLoss:
-        return build_from_params(cls, params, _KEY)
+        return cls(**vars(parse(IBOTParams, params, _KEY)))
 
     def schedule_inputs(self, step: TeacherStep) -> dict[str, Any]:
         """The temperatures of train phase ``step.epoch`` (iBOT's schedules are per epoch)."""

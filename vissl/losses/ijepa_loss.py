@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
+from vissl.config.params import Note, OneOf, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses._checks import build_from_params
 from vissl.losses.teacher_hooks import DrivenByMomentumTeacherHook
 from vissl.models.momentum import (
     DROPPED_PREFIXES_ATTR,
@@ -62,6 +63,19 @@ COLLATOR = "ijepa_multiblock_collator"
 LOSS_TYPES = ("l2", "smooth_l1")
 #: the trunk feature the target encoder outputs
 TARGET_FEATURE = "lastPATCH"
+
+
+@dataclass(kw_only=True, frozen=True)
+class IJEPAParams:
+    """``config.LOSS.ijepa_loss`` (I-JEPA's values)."""
+
+    loss_type: Annotated[
+        str,
+        OneOf(*LOSS_TYPES),
+        Note("'l2' is the paper's squared L2 distance, 'smooth_l1' I-JEPA's code's"),
+    ] = "l2"
+    momentum: Annotated[float, Unit] = 0.996
+    final_momentum: Annotated[float, Unit] = 1.0
 
 
 def linear_momentum(iteration: int, max_iteration: int, start: float, final: float) -> float:
@@ -118,25 +132,23 @@ class IJEPALoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
         final_momentum: the EMA factor at the last step.
     """
 
+    Params = IJEPAParams
+
     def __init__(
-        self, loss_type: str = "l2", momentum: float = 0.996, final_momentum: float = 1.0
+        self,
+        loss_type: str = IJEPAParams.loss_type,
+        momentum: float = IJEPAParams.momentum,
+        final_momentum: float = IJEPAParams.final_momentum,
     ) -> None:
         super().__init__()
-        if loss_type not in LOSS_TYPES:
-            raise ConfigError(
-                f"{_KEY}.loss_type={loss_type!r} is not one of {list(LOSS_TYPES)}: 'l2' is the "
-                "paper's squared L2 distance, 'smooth_l1' I-JEPA's code's.",
-                f"{_KEY}.loss_type",
-            )
-        for name, value in (("momentum", momentum), ("final_momentum", final_momentum)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-                raise ConfigError(
-                    f"{_KEY}.{name} must be a number in [0, 1], got {value!r}.",
-                    f"{_KEY}.{name}",
-                )
-        self.loss_type = loss_type
-        self.momentum = float(momentum)
-        self.final_momentum = float(final_momentum)
+        p = parse(
+            IJEPAParams,
+            {"loss_type": loss_type, "momentum": momentum, "final_momentum": final_momentum},
+            _KEY,
+        )
+        self.loss_type = p.loss_type
+        self.momentum = p.momentum
+        self.final_momentum = p.final_momentum
 
     @classmethod
     def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
@@ -198,7 +210,7 @@ class IJEPALoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> IJEPALoss:
-        return build_from_params(cls, params, _KEY)
+        return cls(**vars(parse(IJEPAParams, params, _KEY)))
 
     # ------------------------------------------------------------ target encoder
     #: the copy's checkpoint key (VISSL's name); ``loss.teacher`` in code

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
+from vissl.config.params import IntAtLeast, Positive, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.config_inference import head_output_dim
@@ -50,24 +52,16 @@ logger = logging.getLogger(__name__)
 _KEY = "config.LOSS.moco_loss"
 
 
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}.{key} must be a positive integer, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return value
+@dataclass(kw_only=True, frozen=True)
+class MoCoParams:
+    """``config.LOSS.moco_loss`` (MoCo v2's values; ``embedding_dim`` is derived from
+    the head)."""
 
-
-def _number(value: Any, key: str, low: float, high: float, open_low: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int | float)
-    if ok:
-        ok = (low < value if open_low else low <= value) and value <= high
-    if not ok:
-        interval = f"{'(' if open_low else '['}{low}, {high}]"
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number in {interval}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
+    embedding_dim: Annotated[int, IntAtLeast(1)] = 128
+    queue_size: Annotated[int, IntAtLeast(1)] = 65536
+    momentum: Annotated[float, Unit] = 0.999
+    temperature: Annotated[float, Positive] = 0.2
+    shuffle_batch: bool = True
 
 
 @torch.no_grad()
@@ -119,20 +113,33 @@ class MoCoLoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
         shuffle_batch: shuffle the key batch across ranks (shuffle BN).
     """
 
+    Params = MoCoParams
+
     def __init__(
         self,
-        embedding_dim: int = 128,
-        queue_size: int = 65536,
-        momentum: float = 0.999,
-        temperature: float = 0.2,
-        shuffle_batch: bool = True,
+        embedding_dim: int = MoCoParams.embedding_dim,
+        queue_size: int = MoCoParams.queue_size,
+        momentum: float = MoCoParams.momentum,
+        temperature: float = MoCoParams.temperature,
+        shuffle_batch: bool = MoCoParams.shuffle_batch,
     ) -> None:
         super().__init__()
-        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
-        self.queue_size = _positive_int(queue_size, "queue_size")
-        self.momentum = _number(momentum, "momentum", 0.0, 1.0)
-        self.temperature = _number(temperature, "temperature", 0.0, float("inf"), open_low=True)
-        self.shuffle_batch = bool(shuffle_batch)
+        p = parse(
+            MoCoParams,
+            {
+                "embedding_dim": embedding_dim,
+                "queue_size": queue_size,
+                "momentum": momentum,
+                "temperature": temperature,
+                "shuffle_batch": shuffle_batch,
+            },
+            _KEY,
+        )
+        self.embedding_dim = p.embedding_dim
+        self.queue_size = p.queue_size
+        self.momentum = p.momentum
+        self.temperature = p.temperature
+        self.shuffle_batch = p.shuffle_batch
         queue = F.normalize(torch.randn(self.queue_size, self.embedding_dim), dim=1)
         self.register_buffer("queue", queue)
         self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
@@ -170,13 +177,7 @@ class MoCoLoss(DrivenByMomentumTeacherHook, MomentumTeacherOwner, nn.Module):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> MoCoLoss:
-        return cls(
-            embedding_dim=params.get("embedding_dim", 128),
-            queue_size=params.get("queue_size", 65536),
-            momentum=params.get("momentum", 0.999),
-            temperature=params.get("temperature", 0.2),
-            shuffle_batch=params.get("shuffle_batch", True),
-        )
+        return cls(**vars(parse(MoCoParams, params, _KEY)))
 
     #: the copy's checkpoint key (VISSL's name); ``loss.teacher`` in code
     teacher_state_key = "momentum_encoder"

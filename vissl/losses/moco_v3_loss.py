@@ -61,11 +61,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 
+from vissl.config.params import IntAtLeast, Positive, Unit, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
 from vissl.losses.predictor_common import (
@@ -82,20 +84,15 @@ logger = logging.getLogger(__name__)
 _NAME = "moco_v3_loss"
 _KEY = f"config.LOSS.{_NAME}"
 
-#: The defaults of ``LOSS.moco_v3_loss`` (as in vissl/config/defaults.yaml).
-DEFAULTS: dict[str, Any] = {"temperature": 0.2, "momentum": 0.99, "embedding_dim": 256}
 
+@dataclass(kw_only=True, frozen=True)
+class MoCoV3Params:
+    """``config.LOSS.moco_v3_loss`` (MoCo v3's values; ``embedding_dim`` is derived from
+    the head)."""
 
-def _number(value: Any, key: str, low: float, high: float, open_low: bool) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, int | float)
-    if ok:
-        ok = (low < value if open_low else low <= value) and value <= high
-    if not ok:
-        interval = f"{'(' if open_low else '['}{low}, {high}]"
-        raise ConfigError(
-            f"{_KEY}.{key} must be a number in {interval}, got {value!r}.", f"{_KEY}.{key}"
-        )
-    return float(value)
+    temperature: Annotated[float, Positive] = 0.2
+    momentum: Annotated[float, Unit] = 0.99
+    embedding_dim: Annotated[int, IntAtLeast(1)] = 256
 
 
 def contrastive_loss(
@@ -129,22 +126,23 @@ class MoCoV3Loss(MomentumTargetLoss):
         embedding_dim: the width of the queries and keys.
     """
 
+    Params = MoCoV3Params
+
     def __init__(
-        self, temperature: float = 0.2, momentum: float = 0.99, embedding_dim: int = 256
+        self,
+        temperature: float = MoCoV3Params.temperature,
+        momentum: float = MoCoV3Params.momentum,
+        embedding_dim: int = MoCoV3Params.embedding_dim,
     ) -> None:
         super().__init__()
-        self.temperature = _number(temperature, "temperature", 0.0, float("inf"), True)
-        self.momentum = _number(momentum, "momentum", 0.0, 1.0, False)
-        if (
-            isinstance(embedding_dim, bool)
-            or not isinstance(embedding_dim, int)
-            or embedding_dim <= 0
-        ):
-            raise ConfigError(
-                f"{_KEY}.embedding_dim must be a positive integer, got {embedding_dim!r}.",
-                f"{_KEY}.embedding_dim",
-            )
-        self.embedding_dim = embedding_dim
+        p = parse(
+            MoCoV3Params,
+            {"temperature": temperature, "momentum": momentum, "embedding_dim": embedding_dim},
+            _KEY,
+        )
+        self.temperature = p.temperature
+        self.momentum = p.momentum
+        self.embedding_dim = p.embedding_dim
 
     @classmethod
     def infer_config(cls, params: MutableMapping[str, Any], config: Mapping[str, Any]) -> None:
@@ -171,11 +169,7 @@ class MoCoV3Loss(MomentumTargetLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> MoCoV3Loss:
-        return cls(
-            temperature=params.get("temperature", DEFAULTS["temperature"]),
-            momentum=params.get("momentum", DEFAULTS["momentum"]),
-            embedding_dim=params.get("embedding_dim", DEFAULTS["embedding_dim"]),
-        )
+        return cls(**vars(parse(MoCoV3Params, params, _KEY)))
 
     def forward(
         self, output: Any, target: Any = None, *, teacher_output: torch.Tensor | None = None

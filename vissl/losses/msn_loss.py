@@ -39,15 +39,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vissl.config.params import IntAtLeast, NonNegative, Positive, Unit, UnitOpen, parse
 from vissl.errors import ConfigError
 from vissl.losses import register_loss
-from vissl.losses._checks import KeyChecks, build_from_params
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.self_distillation import MaskedDistillationLoss
 from vissl.losses.swav_common import distributed_sinkhorn
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["MSNLoss", "msn_anchor_log_probs", "msn_targets"]
 
 _KEY = "config.LOSS.msn_loss"
-_check = KeyChecks(_KEY)
 COLLATOR = "msn_collator"
 VISSL_COLLATOR = "multicrop_collator"
 TARGET_VIEWS = "target_views"
@@ -68,8 +68,22 @@ ANCHOR_VIEWS = "anchor_views"
 FOCAL_VIEWS = "focal_views"
 MASK = "mask"
 FOCAL_MASK = "focal_mask"
-#: the defaults of the loss keys VISSL's msn_head also has
-_DEFAULTS = {"temperature": 0.1, "label_smoothing": 0.0}
+
+
+@dataclass(kw_only=True, frozen=True)
+class MSNParams:
+    """``config.LOSS.msn_loss`` (MSN's values; ``output_dim`` is derived from the
+    msn_head's ``num_prototypes``)."""
+
+    momentum: Annotated[float, Unit] = 0.996
+    temperature: Annotated[float, Positive] = 0.1
+    target_temperature: Annotated[float, Positive] = 0.025
+    me_max_weight: Annotated[float, NonNegative] = 1.0
+    entropy_weight: Annotated[float, NonNegative] = 0.0
+    use_sinkhorn: bool = True
+    sinkhorn_iterations: Annotated[int, IntAtLeast(1)] = 3
+    label_smoothing: Annotated[float, UnitOpen] = 0.0
+    output_dim: Annotated[int, IntAtLeast(1)] = 1024
 
 
 def _smoothed_log_probs(logits: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -192,27 +206,44 @@ class MSNLoss(MaskedDistillationLoss):
         output_dim: the number of prototypes (inferred from the msn_head).
     """
 
+    Params = MSNParams
+
     def __init__(
         self,
-        momentum: float = 0.996,
-        temperature: float = 0.1,
-        target_temperature: float = 0.025,
-        me_max_weight: float = 1.0,
-        entropy_weight: float = 0.0,
-        use_sinkhorn: bool = True,
-        sinkhorn_iterations: int = 3,
-        label_smoothing: float = 0.0,
-        output_dim: int = 1024,
+        momentum: float = MSNParams.momentum,
+        temperature: float = MSNParams.temperature,
+        target_temperature: float = MSNParams.target_temperature,
+        me_max_weight: float = MSNParams.me_max_weight,
+        entropy_weight: float = MSNParams.entropy_weight,
+        use_sinkhorn: bool = MSNParams.use_sinkhorn,
+        sinkhorn_iterations: int = MSNParams.sinkhorn_iterations,
+        label_smoothing: float = MSNParams.label_smoothing,
+        output_dim: int = MSNParams.output_dim,
     ) -> None:
-        super().__init__(_check.unit(momentum, "momentum"))
-        self.temperature = _check.positive(temperature, "temperature")
-        self.target_temperature = _check.positive(target_temperature, "target_temperature")
-        self.me_max_weight = _check.non_negative(me_max_weight, "me_max_weight")
-        self.entropy_weight = _check.non_negative(entropy_weight, "entropy_weight")
-        self.use_sinkhorn = _check.flag(use_sinkhorn, "use_sinkhorn")
-        self.sinkhorn_iterations = _check.count(sinkhorn_iterations, "sinkhorn_iterations", 1)
-        self.label_smoothing = _check.unit(label_smoothing, "label_smoothing", upper_open=True)
-        self.output_dim = _check.count(output_dim, "output_dim", 1)
+        p = parse(
+            MSNParams,
+            {
+                "momentum": momentum,
+                "temperature": temperature,
+                "target_temperature": target_temperature,
+                "me_max_weight": me_max_weight,
+                "entropy_weight": entropy_weight,
+                "use_sinkhorn": use_sinkhorn,
+                "sinkhorn_iterations": sinkhorn_iterations,
+                "label_smoothing": label_smoothing,
+                "output_dim": output_dim,
+            },
+            _KEY,
+        )
+        super().__init__(p.momentum)
+        self.temperature = p.temperature
+        self.target_temperature = p.target_temperature
+        self.me_max_weight = p.me_max_weight
+        self.entropy_weight = p.entropy_weight
+        self.use_sinkhorn = p.use_sinkhorn
+        self.sinkhorn_iterations = p.sinkhorn_iterations
+        self.label_smoothing = p.label_smoothing
+        self.output_dim = p.output_dim
         #: (model head, target head) pairs whose prototypes are shared (set by bind_model)
         self._prototype_pairs: list[tuple[MSNHead, MSNHead]] = []
 
@@ -248,14 +279,16 @@ class MSNLoss(MaskedDistillationLoss):
             )
         for key in ("temperature", "label_smoothing"):
             value = head.get(key)
-            if value is not None and value != params.get(key, _DEFAULTS[key]):
+            if value is not None and value != params.get(key, getattr(MSNParams, key)):
                 raise ConfigError(
                     f"config.MODEL.HEAD.PARAMS: the msn_head's {key} (VISSL's head key) is "
-                    f"{value} but {_KEY}.{key} is {params.get(key, _DEFAULTS[key])}: the loss "
+                    f"{value} but {_KEY}.{key} is {params.get(key, getattr(MSNParams, key))}: the loss "
                     f"applies it here; set {_KEY}.{key}: {value} (or drop the head's key).",
                     f"{_KEY}.{key}",
                 )
-        params["output_dim"] = head.get("num_prototypes", 1024)
+        from vissl.models.heads.msn_head import MSNHeadParams
+
+        params["output_dim"] = head.get("num_prototypes", MSNHeadParams.num_prototypes)
 
     @staticmethod
     def _check_layout(
@@ -340,7 +373,7 @@ class MSNLoss(MaskedDistillationLoss):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any]) -> MSNLoss:
-        return build_from_params(cls, params, _KEY)
+        return cls(**vars(parse(MSNParams, params, _KEY)))
 
     # ------------------------------------------------------------------ target encoder
     def bind_model(self, model: nn.Module) -> None:

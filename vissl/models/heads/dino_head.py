@@ -19,38 +19,49 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vissl.config.params import IntAtLeast, Length, Note, check_value
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 from vissl.models.model_helpers import cfg_get, flat_head_input
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}: dino_head's `{name}` must be a positive integer, got {value!r}.", _KEY
-        )
-    return value
+PosInt = Annotated[int, IntAtLeast(1)]
+#: DINO's output width: an integer or a list of one (VISSL's ``num_clusters: [65536]``).
+NumClusters = (
+    PosInt | Annotated[Sequence[PosInt], Length(1), Note("DINO has one last layer, e.g. [65536]")]
+)
+
+
+@dataclass(kw_only=True, frozen=True)
+class DINOHeadParams:
+    """dino_head's arguments (DINO's DINOHead defaults)."""
+
+    in_dim: PosInt
+    num_clusters: NumClusters = (65536,)
+    use_bn: bool = False
+    normalize_last_layer: bool = True
+    num_layers: PosInt = 3
+    hidden_dim: PosInt = 2048
+    bottleneck_dim: PosInt = 256
 
 
 def dino_output_dim(num_clusters: Any) -> int:
-    """The output width of a dino_head from its ``num_clusters`` (an int or a list of one)."""
-    if isinstance(num_clusters, Sequence) and not isinstance(num_clusters, str):
-        if len(num_clusters) != 1:
-            raise ConfigError(
-                f"{_KEY}: dino_head's `num_clusters` must hold exactly one size (DINO has one "
-                f"last layer), e.g. [65536]; got {list(num_clusters)!r}.",
-                _KEY,
-            )
-        num_clusters = num_clusters[0]
-    return _positive_int(num_clusters, "num_clusters")
+    """The output width of a dino_head from its ``num_clusters`` (an int or a list of one).
+
+    Raises:
+        ConfigError: not a positive integer or a list of one.
+    """
+    value = check_value(num_clusters, NumClusters, f"{_KEY}[dino_head].num_clusters")
+    return value if isinstance(value, int) else value[0]
 
 
 def init_like_linear_(weight: torch.Tensor) -> torch.Tensor:
@@ -116,19 +127,30 @@ class DINOHead(nn.Module):
         self,
         model_config: Mapping[str, Any],
         in_dim: int,
-        num_clusters: Sequence[int] | int = (65536,),
-        use_bn: bool = False,
-        normalize_last_layer: bool = True,
-        num_layers: int = 3,
-        hidden_dim: int = 2048,
-        bottleneck_dim: int = 256,
+        num_clusters: Sequence[int] | int = DINOHeadParams.num_clusters,
+        use_bn: bool = DINOHeadParams.use_bn,
+        normalize_last_layer: bool = DINOHeadParams.normalize_last_layer,
+        num_layers: int = DINOHeadParams.num_layers,
+        hidden_dim: int = DINOHeadParams.hidden_dim,
+        bottleneck_dim: int = DINOHeadParams.bottleneck_dim,
     ) -> None:
         super().__init__()
-        in_dim = _positive_int(in_dim, "in_dim")
-        out_dim = dino_output_dim(num_clusters)
-        num_layers = _positive_int(num_layers, "num_layers")
-        hidden_dim = _positive_int(hidden_dim, "hidden_dim")
-        bottleneck_dim = _positive_int(bottleneck_dim, "bottleneck_dim")
+        p = parse_head(
+            DINOHeadParams,
+            "dino_head",
+            {
+                "in_dim": in_dim,
+                "num_clusters": num_clusters,
+                "use_bn": use_bn,
+                "normalize_last_layer": normalize_last_layer,
+                "num_layers": num_layers,
+                "hidden_dim": hidden_dim,
+                "bottleneck_dim": bottleneck_dim,
+            },
+        )
+        in_dim, num_layers, use_bn = p.in_dim, p.num_layers, p.use_bn
+        hidden_dim, bottleneck_dim = p.hidden_dim, p.bottleneck_dim
+        out_dim = dino_output_dim(p.num_clusters)
         eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
         momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
         widths = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
@@ -145,7 +167,7 @@ class DINOHead(nn.Module):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 nn.init.zeros_(module.bias)
         self.prototypes0 = WeightNormLinear(
-            bottleneck_dim, out_dim, learn_scale=not bool(normalize_last_layer)
+            bottleneck_dim, out_dim, learn_scale=not p.normalize_last_layer
         )
         self.in_dim = in_dim
         self.output_dim = out_dim

@@ -28,14 +28,16 @@ BatchNorm ``norm`` sees both, as iBOT's does.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vissl.config.params import IntAtLeast, Note, OneOf
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 from vissl.models.heads.dino_head import WeightNormLinear
 from vissl.models.model_helpers import cfg_get
 from vissl.models.token_masking import flatten_mask
@@ -45,12 +47,39 @@ NORMS = (None, "bn", "syncbn", "ln")
 ACTIVATIONS = ("gelu", "relu")
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}: ibot_head's `{name}` must be a positive integer, got {value!r}.", _KEY
-        )
-    return value
+PosInt = Annotated[int, IntAtLeast(1)]
+Norm = Annotated[str | None, OneOf(*NORMS[1:]), Note("or null: no norm")]
+
+
+@dataclass(kw_only=True, frozen=True)
+class IBOTHeadParams:
+    """ibot_head's arguments (iBOT's iBOTHead defaults).
+
+    ``patch_out_dim`` 0 (or null) means ``out_dim``; with ``shared_head`` it must equal ``out_dim``.
+    """
+
+    in_dim: PosInt
+    out_dim: PosInt
+    patch_out_dim: Annotated[int | None, IntAtLeast(0), Note("0 or null: out_dim")] = 0
+    norm: Norm = None
+    act: Annotated[str, OneOf(*ACTIVATIONS)] = "gelu"
+    last_norm: Norm = None
+    normalize_last_layer: bool = True
+    num_layers: PosInt = 3
+    hidden_dim: PosInt = 2048
+    bottleneck_dim: PosInt = 256
+    shared_head: bool = False
+    masked_patches_only: bool = False
+    output_cls_token: bool = False
+
+    def check(self, key_path: str) -> None:
+        patch_out_dim = self.patch_out_dim or self.out_dim
+        if self.shared_head and patch_out_dim != self.out_dim:
+            raise ConfigError(
+                f"{key_path}: ibot_head with shared_head has one last layer, so patch_out_dim "
+                f"({patch_out_dim}) must equal out_dim ({self.out_dim}) or be 0.",
+                f"{key_path}.patch_out_dim",
+            )
 
 
 def _norm(kind: str | None, width: int, affine: bool, eps: float, momentum: float) -> nn.Module:
@@ -93,35 +122,40 @@ class IBOTHead(nn.Module):
         model_config: Mapping[str, Any],
         in_dim: int,
         out_dim: int,
-        patch_out_dim: int = 0,
-        norm: str | None = None,
-        act: str = "gelu",
-        last_norm: str | None = None,
-        normalize_last_layer: bool = True,
-        num_layers: int = 3,
-        hidden_dim: int = 2048,
-        bottleneck_dim: int = 256,
-        shared_head: bool = False,
-        masked_patches_only: bool = False,
-        output_cls_token: bool = False,
+        patch_out_dim: int | None = IBOTHeadParams.patch_out_dim,
+        norm: str | None = IBOTHeadParams.norm,
+        act: str = IBOTHeadParams.act,
+        last_norm: str | None = IBOTHeadParams.last_norm,
+        normalize_last_layer: bool = IBOTHeadParams.normalize_last_layer,
+        num_layers: int = IBOTHeadParams.num_layers,
+        hidden_dim: int = IBOTHeadParams.hidden_dim,
+        bottleneck_dim: int = IBOTHeadParams.bottleneck_dim,
+        shared_head: bool = IBOTHeadParams.shared_head,
+        masked_patches_only: bool = IBOTHeadParams.masked_patches_only,
+        output_cls_token: bool = IBOTHeadParams.output_cls_token,
     ) -> None:
         super().__init__()
-        in_dim = _positive_int(in_dim, "in_dim")
-        out_dim = _positive_int(out_dim, "out_dim")
-        patch_out_dim = _positive_int(patch_out_dim or out_dim, "patch_out_dim")
-        num_layers = _positive_int(num_layers, "num_layers")
-        hidden_dim = _positive_int(hidden_dim, "hidden_dim")
-        bottleneck_dim = _positive_int(bottleneck_dim, "bottleneck_dim")
-        if act not in ACTIVATIONS:
-            raise ConfigError(
-                f"{_KEY}: ibot_head's act must be one of {list(ACTIVATIONS)}, got {act!r}.", _KEY
-            )
-        if shared_head and patch_out_dim != out_dim:
-            raise ConfigError(
-                f"{_KEY}: ibot_head with shared_head has one last layer, so patch_out_dim "
-                f"({patch_out_dim}) must equal out_dim ({out_dim}) or be 0.",
-                _KEY,
-            )
+        p = parse_head(
+            IBOTHeadParams,
+            "ibot_head",
+            {
+                "in_dim": in_dim,
+                "out_dim": out_dim,
+                "patch_out_dim": patch_out_dim,
+                "norm": norm,
+                "act": act,
+                "last_norm": last_norm,
+                "normalize_last_layer": normalize_last_layer,
+                "num_layers": num_layers,
+                "hidden_dim": hidden_dim,
+                "bottleneck_dim": bottleneck_dim,
+                "shared_head": shared_head,
+                "masked_patches_only": masked_patches_only,
+                "output_cls_token": output_cls_token,
+            },
+        )
+        in_dim, out_dim, patch_out_dim = p.in_dim, p.out_dim, p.patch_out_dim or p.out_dim
+        num_layers, hidden_dim, bottleneck_dim = p.num_layers, p.hidden_dim, p.bottleneck_dim
         eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
         momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
         widths = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
@@ -137,7 +171,7 @@ class IBOTHead(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 nn.init.zeros_(module.bias)
-        learn_scale = not bool(normalize_last_layer)
+        learn_scale = not p.normalize_last_layer
         self.prototypes0 = WeightNormLinear(bottleneck_dim, out_dim, learn_scale=learn_scale)
         # a shared layer is reached as prototypes1 / last_norm2 through the properties
         # below, not registered a second time (parameter names stay unique)

@@ -29,26 +29,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import IntAtLeast, Positive, UnitOpen
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 from vissl.models.token_masking import gather_tokens, keep_indices, sincos_2d_position_embedding
 from vissl.models.trunks.vision_transformer import LAYER_NORM_EPS, Block
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}: ijepa_predictor's `{name}` must be a positive integer, got {value!r}.",
-            _KEY,
-        )
-    return value
+PosInt = Annotated[int, IntAtLeast(1)]
+
+
+@dataclass(kw_only=True, frozen=True)
+class IJEPAPredictorParams:
+    """ijepa_predictor's arguments (I-JEPA's defaults); ``predictor_dim`` must be divisible
+    by ``num_heads`` and by 4 (the 2-D sin-cos position embedding)."""
+
+    in_dim: PosInt
+    predictor_dim: PosInt = 384
+    depth: PosInt = 6
+    num_heads: PosInt = 12
+    mlp_ratio: Annotated[float, Positive] = 4.0
+    qkv_bias: bool = True
+    drop_path_rate: Annotated[float, UnitOpen] = 0.0
+
+    def check(self, key_path: str) -> None:
+        if self.predictor_dim % self.num_heads or self.predictor_dim % 4:
+            raise ConfigError(
+                f"{key_path}.predictor_dim={self.predictor_dim} must be divisible by "
+                f"num_heads={self.num_heads} and by 4 (the 2-D sin-cos position embedding).",
+                f"{key_path}.predictor_dim",
+            )
 
 
 def equal_row_count(mask: torch.Tensor, what: str) -> int:
@@ -86,37 +104,30 @@ class IJEPAPredictor(nn.Module):
         self,
         model_config: Mapping[str, Any],
         in_dim: int,
-        predictor_dim: int = 384,
-        depth: int = 6,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop_path_rate: float = 0.0,
+        predictor_dim: int = IJEPAPredictorParams.predictor_dim,
+        depth: int = IJEPAPredictorParams.depth,
+        num_heads: int = IJEPAPredictorParams.num_heads,
+        mlp_ratio: float = IJEPAPredictorParams.mlp_ratio,
+        qkv_bias: bool = IJEPAPredictorParams.qkv_bias,
+        drop_path_rate: float = IJEPAPredictorParams.drop_path_rate,
     ) -> None:
         super().__init__()
         del model_config
-        in_dim = _positive_int(in_dim, "in_dim")
-        self.predictor_dim = _positive_int(predictor_dim, "predictor_dim")
-        depth = _positive_int(depth, "depth")
-        heads = _positive_int(num_heads, "num_heads")
-        if predictor_dim % heads or predictor_dim % 4:
-            raise ConfigError(
-                f"{_KEY}: ijepa_predictor's predictor_dim={predictor_dim} must be divisible "
-                f"by num_heads={heads} and by 4 (the 2-D sin-cos position embedding).",
-                _KEY,
-            )
-        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, int | float) or mlp_ratio <= 0:
-            raise ConfigError(
-                f"{_KEY}: ijepa_predictor's mlp_ratio must be a positive number, got "
-                f"{mlp_ratio!r}.",
-                _KEY,
-            )
-        if not isinstance(drop_path_rate, int | float) or not 0 <= drop_path_rate < 1:
-            raise ConfigError(
-                f"{_KEY}: ijepa_predictor's drop_path_rate must be in [0, 1), got "
-                f"{drop_path_rate!r}.",
-                _KEY,
-            )
+        p = parse_head(
+            IJEPAPredictorParams,
+            "ijepa_predictor",
+            {
+                "in_dim": in_dim,
+                "predictor_dim": predictor_dim,
+                "depth": depth,
+                "num_heads": num_heads,
+                "mlp_ratio": mlp_ratio,
+                "qkv_bias": qkv_bias,
+                "drop_path_rate": drop_path_rate,
+            },
+        )
+        in_dim, self.predictor_dim, depth, heads = p.in_dim, p.predictor_dim, p.depth, p.num_heads
+        mlp_ratio, qkv_bias, drop_path_rate = p.mlp_ratio, p.qkv_bias, p.drop_path_rate
         self.predictor_embed = nn.Linear(in_dim, predictor_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, predictor_dim))
         rates = torch.linspace(0, float(drop_path_rate), depth).tolist()

@@ -27,13 +27,15 @@ It needs the mask besides the trunk feature: map it with
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import IntAtLeast, Note
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 from vissl.models.model_helpers import cfg_get, input_channels
 from vissl.models.token_masking import (
     gather_tokens,
@@ -45,12 +47,33 @@ from vissl.models.trunks.vision_transformer import LAYER_NORM_EPS, Block
 _KEY = "config.MODEL.HEAD.PARAMS"
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}: mae_decoder's `{name}` must be a positive integer, got {value!r}.", _KEY
-        )
-    return value
+PosInt = Annotated[int, IntAtLeast(1)]
+
+
+@dataclass(kw_only=True, frozen=True)
+class MAEDecoderParams:
+    """mae_decoder's arguments (MAE's defaults; null: from the trunk / input, see
+    :class:`MAEDecoder`); ``decoder_dim`` must be divisible by ``decoder_num_heads`` and
+    by 4 (the 2-D sin-cos position embedding)."""
+
+    in_dim: PosInt
+    decoder_dim: PosInt = 512
+    decoder_depth: PosInt = 8
+    decoder_num_heads: PosInt = 16
+    decoder_mlp_dim: Annotated[PosInt | None, Note("null: 4 * decoder_dim")] = None
+    patch_size: Annotated[PosInt | None, Note("null: the trunk's PATCH_SIZE")] = None
+    in_chans: Annotated[PosInt | None, Note("null: from MODEL.INPUT_TYPE")] = None
+    class_token: Annotated[bool | None, Note("null: the trunk's USE_CLASS_TOKEN")] = None
+    qkv_bias: bool = True
+
+    def check(self, key_path: str) -> None:
+        if self.decoder_dim % self.decoder_num_heads or self.decoder_dim % 4:
+            raise ConfigError(
+                f"{key_path}.decoder_dim={self.decoder_dim} must be divisible by "
+                f"decoder_num_heads={self.decoder_num_heads} and by 4 (the 2-D sin-cos "
+                "position embedding).",
+                f"{key_path}.decoder_dim",
+            )
 
 
 @register_model_head("mae_decoder")
@@ -76,35 +99,39 @@ class MAEDecoder(nn.Module):
         self,
         model_config: Mapping[str, Any],
         in_dim: int,
-        decoder_dim: int = 512,
-        decoder_depth: int = 8,
-        decoder_num_heads: int = 16,
-        decoder_mlp_dim: int | None = None,
-        patch_size: int | None = None,
-        in_chans: int | None = None,
-        class_token: bool | None = None,
-        qkv_bias: bool = True,
+        decoder_dim: int = MAEDecoderParams.decoder_dim,
+        decoder_depth: int = MAEDecoderParams.decoder_depth,
+        decoder_num_heads: int = MAEDecoderParams.decoder_num_heads,
+        decoder_mlp_dim: int | None = MAEDecoderParams.decoder_mlp_dim,
+        patch_size: int | None = MAEDecoderParams.patch_size,
+        in_chans: int | None = MAEDecoderParams.in_chans,
+        class_token: bool | None = MAEDecoderParams.class_token,
+        qkv_bias: bool = MAEDecoderParams.qkv_bias,
     ) -> None:
         super().__init__()
         vit = cfg_get(model_config, "TRUNK.VISION_TRANSFORMERS", {}) or {}
-        in_dim = _positive_int(in_dim, "in_dim")
-        self.decoder_dim = _positive_int(decoder_dim, "decoder_dim")
-        depth = _positive_int(decoder_depth, "decoder_depth")
-        heads = _positive_int(decoder_num_heads, "decoder_num_heads")
-        if decoder_dim % heads or decoder_dim % 4:
-            raise ConfigError(
-                f"{_KEY}: mae_decoder's decoder_dim={decoder_dim} must be divisible by "
-                f"decoder_num_heads={heads} and by 4 (the 2-D sin-cos position embedding).",
-                _KEY,
-            )
-        mlp_dim = _positive_int(
-            4 * decoder_dim if decoder_mlp_dim is None else decoder_mlp_dim, "decoder_mlp_dim"
-        )
-        self.patch_size = _positive_int(
-            vit.get("PATCH_SIZE", 16) if patch_size is None else patch_size, "patch_size"
-        )
         channels = input_channels(cfg_get(model_config, "INPUT_TYPE", "rgb"))
-        self.in_chans = _positive_int(channels if in_chans is None else in_chans, "in_chans")
+        p = parse_head(
+            MAEDecoderParams,
+            "mae_decoder",
+            {
+                "in_dim": in_dim,
+                "decoder_dim": decoder_dim,
+                "decoder_depth": decoder_depth,
+                "decoder_num_heads": decoder_num_heads,
+                "decoder_mlp_dim": decoder_mlp_dim,
+                # the trunk's and the input's values, checked as if given
+                "patch_size": vit.get("PATCH_SIZE", 16) if patch_size is None else patch_size,
+                "in_chans": channels if in_chans is None else in_chans,
+                "class_token": class_token,
+                "qkv_bias": qkv_bias,
+            },
+        )
+        in_dim, self.decoder_dim, decoder_dim = p.in_dim, p.decoder_dim, p.decoder_dim
+        depth, heads, qkv_bias = p.decoder_depth, p.decoder_num_heads, p.qkv_bias
+        mlp_dim = 4 * decoder_dim if p.decoder_mlp_dim is None else p.decoder_mlp_dim
+        assert p.patch_size is not None and p.in_chans is not None  # given above
+        self.patch_size, self.in_chans = p.patch_size, p.in_chans
         self.num_prefix_tokens = int(
             bool(vit.get("USE_CLASS_TOKEN", True) if class_token is None else class_token)
         )

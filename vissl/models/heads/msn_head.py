@@ -26,33 +26,39 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vissl.config.params import IntAtLeast, Note
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 from vissl.models.model_helpers import cfg_get, flat_head_input
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}: msn_head's `{name}` must be a positive integer, got {value!r}.", _KEY
-        )
-    return value
+PosInt = Annotated[int, IntAtLeast(1)]
+#: VISSL's head keys whose values msn_loss applies (and checks against its own).
+LossValue = Annotated[float | None, Note("VISSL's key; msn_loss applies it")]
 
 
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(
-            f"{_KEY}: msn_head's `{name}` must be true or false, got {value!r}.", _KEY
-        )
-    return value
+@dataclass(kw_only=True, frozen=True)
+class MSNHeadParams:
+    """msn_head's arguments (see :class:`MSNHead`)."""
+
+    in_dim: PosInt
+    num_prototypes: PosInt = 1024
+    use_bn: bool = False
+    hidden_dim: PosInt = 2048
+    output_dim: PosInt = 256
+    freeze_prototypes: bool = False
+    return_query: bool = False
+    temperature: LossValue = None
+    label_smoothing: LossValue = None
 
 
 @register_model_head("msn_head")
@@ -77,30 +83,33 @@ class MSNHead(nn.Module):
         self,
         model_config: Mapping[str, Any],
         in_dim: int,
-        num_prototypes: int = 1024,
-        use_bn: bool = False,
-        hidden_dim: int = 2048,
-        output_dim: int = 256,
-        freeze_prototypes: bool = False,
-        return_query: bool = False,
-        temperature: float | None = None,
-        label_smoothing: float | None = None,
+        num_prototypes: int = MSNHeadParams.num_prototypes,
+        use_bn: bool = MSNHeadParams.use_bn,
+        hidden_dim: int = MSNHeadParams.hidden_dim,
+        output_dim: int = MSNHeadParams.output_dim,
+        freeze_prototypes: bool = MSNHeadParams.freeze_prototypes,
+        return_query: bool = MSNHeadParams.return_query,
+        temperature: float | None = MSNHeadParams.temperature,
+        label_smoothing: float | None = MSNHeadParams.label_smoothing,
     ) -> None:
         super().__init__()
-        self.in_dim = _positive_int(in_dim, "in_dim")
-        self.num_prototypes = _positive_int(num_prototypes, "num_prototypes")
-        hidden_dim = _positive_int(hidden_dim, "hidden_dim")
-        self.output_dim = _positive_int(output_dim, "output_dim")
-        use_bn = _flag(use_bn, "use_bn")
-        self.return_query = _flag(return_query, "return_query")
-        for name, value in (("temperature", temperature), ("label_smoothing", label_smoothing)):
-            ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
-            if not ok:
-                raise ConfigError(
-                    f"{_KEY}: msn_head's `{name}` must be a number (VISSL's key; msn_loss "
-                    f"applies it), got {value!r}.",
-                    _KEY,
-                )
+        p = parse_head(
+            MSNHeadParams,
+            "msn_head",
+            {
+                "in_dim": in_dim,
+                "num_prototypes": num_prototypes,
+                "use_bn": use_bn,
+                "hidden_dim": hidden_dim,
+                "output_dim": output_dim,
+                "freeze_prototypes": freeze_prototypes,
+                "return_query": return_query,
+                "temperature": temperature,
+                "label_smoothing": label_smoothing,
+            },
+        )
+        self.in_dim, self.num_prototypes, self.output_dim = p.in_dim, p.num_prototypes, p.output_dim
+        hidden_dim, use_bn, self.return_query = p.hidden_dim, p.use_bn, p.return_query
         eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
         momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
         layers: OrderedDict[str, nn.Module] = OrderedDict()
@@ -120,7 +129,7 @@ class MSNHead(nn.Module):
         self.prototypes = nn.Parameter(
             torch.empty(self.num_prototypes, self.output_dim).uniform_(-bound, bound)
         )
-        if _flag(freeze_prototypes, "freeze_prototypes"):
+        if p.freeze_prototypes:
             self.prototypes.requires_grad_(False)
 
     def query(self, batch: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:

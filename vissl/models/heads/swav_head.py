@@ -14,14 +14,16 @@ Output, as in VISSL: ``[embedding, scores_0, scores_1, ...]`` (without the embed
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vissl.config.params import IntAtLeast, Note, OneOf
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 from vissl.models.heads.dino_head import WeightNormLinear
 from vissl.models.heads.mlp import check_dims
 from vissl.models.model_helpers import cfg_get, flat_head_input
@@ -29,20 +31,38 @@ from vissl.models.model_helpers import cfg_get, flat_head_input
 _KEY = "config.MODEL.HEAD.PARAMS"
 
 
-def _check_clusters(num_clusters: Any) -> list[int]:
-    if isinstance(num_clusters, int) and not isinstance(num_clusters, bool):
-        num_clusters = [num_clusters]
-    if (
-        not isinstance(num_clusters, Sequence)
-        or isinstance(num_clusters, str)
-        or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in num_clusters)
-    ):
-        raise ConfigError(
-            f"{_KEY}: swav_head's `num_clusters` must be a list of positive integers, one "
-            f"per set of prototypes, e.g. [3000]; got {num_clusters!r}.",
-            _KEY,
-        )
-    return list(num_clusters)
+PosInt = Annotated[int, IntAtLeast(1)]
+#: The activations of the projection's hidden layers.
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "ReLU": lambda: nn.ReLU(inplace=True),
+    "GELU": nn.GELU,
+}
+
+
+@dataclass(kw_only=True, frozen=True)
+class SwAVHeadParams:
+    """swav_head's arguments (VISSL's defaults; ``dims`` is checked by ``check_dims``)."""
+
+    dims: list[Any]
+    use_bn: bool = True
+    num_clusters: Annotated[
+        PosInt | Sequence[PosInt], Note("one per set of prototypes, e.g. [3000]")
+    ] = (3000,)
+    use_bias: bool = True
+    return_embeddings: bool = True
+    skip_last_bn: bool = True
+    normalize_feats: bool = True
+    activation_name: Annotated[str, OneOf(*ACTIVATIONS)] = "ReLU"
+    use_weight_norm_prototypes: bool = False
+    normalize_last_layer: bool = False
+
+    def check(self, key_path: str) -> None:
+        if self.num_clusters == [] and not self.return_embeddings:
+            raise ConfigError(
+                f"{key_path}: swav_head with num_clusters=[] and return_embeddings=False "
+                "would output nothing; give prototypes or return the embeddings.",
+                f"{key_path}.num_clusters",
+            )
 
 
 @register_model_head("swav_head")
@@ -71,35 +91,36 @@ class SwAVHead(nn.Module):
         self,
         model_config: Mapping[str, Any],
         dims: list[int],
-        use_bn: bool = True,
-        num_clusters: Sequence[int] | int = (3000,),
-        use_bias: bool = True,
-        return_embeddings: bool = True,
-        skip_last_bn: bool = True,
-        normalize_feats: bool = True,
-        activation_name: str = "ReLU",
-        use_weight_norm_prototypes: bool = False,
-        normalize_last_layer: bool = False,
+        use_bn: bool = SwAVHeadParams.use_bn,
+        num_clusters: Sequence[int] | int = SwAVHeadParams.num_clusters,
+        use_bias: bool = SwAVHeadParams.use_bias,
+        return_embeddings: bool = SwAVHeadParams.return_embeddings,
+        skip_last_bn: bool = SwAVHeadParams.skip_last_bn,
+        normalize_feats: bool = SwAVHeadParams.normalize_feats,
+        activation_name: str = SwAVHeadParams.activation_name,
+        use_weight_norm_prototypes: bool = SwAVHeadParams.use_weight_norm_prototypes,
+        normalize_last_layer: bool = SwAVHeadParams.normalize_last_layer,
     ) -> None:
         super().__init__()
-        activations: dict[str, Callable[[], nn.Module]] = {
-            "ReLU": lambda: nn.ReLU(inplace=True),
-            "GELU": nn.GELU,
-        }
-        if activation_name not in activations:
-            raise ConfigError(
-                f"{_KEY}: swav_head's `activation_name` must be one of {sorted(activations)}; "
-                f"got {activation_name!r}.",
-                _KEY,
-            )
         dims = check_dims(dims, "swav_head", min_len=1)
-        clusters = _check_clusters(num_clusters)
-        if not clusters and not return_embeddings:
-            raise ConfigError(
-                f"{_KEY}: swav_head with num_clusters=[] and return_embeddings=False would "
-                "output nothing; give prototypes or return the embeddings.",
-                _KEY,
-            )
+        p = parse_head(
+            SwAVHeadParams,
+            "swav_head",
+            {
+                "dims": dims,
+                "use_bn": use_bn,
+                "num_clusters": num_clusters,
+                "use_bias": use_bias,
+                "return_embeddings": return_embeddings,
+                "skip_last_bn": skip_last_bn,
+                "normalize_feats": normalize_feats,
+                "activation_name": activation_name,
+                "use_weight_norm_prototypes": use_weight_norm_prototypes,
+                "normalize_last_layer": normalize_last_layer,
+            },
+        )
+        clusters = [p.num_clusters] if isinstance(p.num_clusters, int) else list(p.num_clusters)
+        activations = ACTIVATIONS
         eps = float(cfg_get(model_config, "HEAD.BATCHNORM_EPS", 1e-5))
         momentum = float(cfg_get(model_config, "HEAD.BATCHNORM_MOMENTUM", 0.1))
         layers: list[nn.Module] = []

@@ -14,25 +14,29 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import IntAtLeast, Note
 from vissl.errors import ConfigError
-from vissl.models.heads import register_model_head
+from vissl.models.heads import parse_head, register_model_head
 
 _KEY = "config.MODEL.HEAD.PARAMS"
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"{_KEY}: head 'vision_transformer_head' needs `{name}`, a positive integer; got "
-            f"{value!r}.",
-            _KEY,
-        )
-    return value
+PosInt = Annotated[int, IntAtLeast(1)]
+
+
+@dataclass(kw_only=True, frozen=True)
+class VisionTransformerHeadParams:
+    """vision_transformer_head's arguments (VISSL's)."""
+
+    in_plane: PosInt
+    num_classes: PosInt
+    hidden_dim: Annotated[PosInt | None, Note("null: a linear head")] = None
 
 
 @register_model_head("vision_transformer_head")
@@ -52,16 +56,19 @@ class VisionTransformerHead(nn.Module):
         model_config: Mapping[str, Any] | None,
         in_plane: int,
         num_classes: int,
-        hidden_dim: int | None = None,
+        hidden_dim: int | None = VisionTransformerHeadParams.hidden_dim,
     ) -> None:
         super().__init__()
-        in_plane = _positive_int(in_plane, "in_plane")
-        num_classes = _positive_int(num_classes, "num_classes")
+        p = parse_head(
+            VisionTransformerHeadParams,
+            "vision_transformer_head",
+            {"in_plane": in_plane, "num_classes": num_classes, "hidden_dim": hidden_dim},
+        )
+        in_plane, num_classes, hidden_dim = p.in_plane, p.num_classes, p.hidden_dim
         layers: list[tuple[str, nn.Module]]
         if hidden_dim is None:
             layers = [("head", nn.Linear(in_plane, num_classes))]
         else:
-            hidden_dim = _positive_int(hidden_dim, "hidden_dim")
             layers = [
                 ("pre_logits", nn.Linear(in_plane, hidden_dim)),
                 ("act", nn.Tanh()),

@@ -53,45 +53,78 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import NonNegative, Note, Positive
 from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
     FEATURES_KEY,
-    TrunkParams,
+    NoQKScale,
+    PosInt,
+    Rate,
     checkpointing_on,
     import_timm,
     maybe_checkpoint,
+    parse_trunk,
     tokens_to_map,
+    trunk_error,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.BEIT keys and defaults (VISSL's, ViT-B/16).
-DEFAULTS: dict[str, Any] = {
-    "IMAGE_SIZE": 224,
-    "PATCH_SIZE": 16,
-    "NUM_LAYERS": 12,
-    "NUM_HEADS": 12,
-    "HIDDEN_DIM": 768,
-    "MLP_RATIO": 4.0,
-    "DROPOUT_RATE": 0.0,
-    "ATTENTION_DROPOUT_RATE": 0.0,
-    "DROP_PATH_RATE": 0.0,
-    "QKV_BIAS": False,
-    "QK_SCALE": False,
-    "USE_ABS_POS_EMB": True,
-    "USE_REL_POS_BIAS": False,
-    "USE_SHARED_REL_POS_BIAS": False,
-    "USE_MEAN_POOLING": True,
-    "INIT_VALUES": False,
-}
+
+@dataclass(kw_only=True, frozen=True)
+class BEiTParams:
+    """``config.MODEL.TRUNK.BEIT`` (VISSL's keys and defaults, ViT-B/16).
+
+    IMAGE_SIZE must be a multiple of PATCH_SIZE and HIDDEN_DIM divisible by NUM_HEADS.
+    INIT_VALUES is the layer-scale init: False, null or 0 turn layer scale off.
+    """
+
+    IMAGE_SIZE: PosInt = 224
+    PATCH_SIZE: PosInt = 16
+    NUM_LAYERS: PosInt = 12
+    NUM_HEADS: PosInt = 12
+    HIDDEN_DIM: PosInt = 768
+    MLP_RATIO: Annotated[float, Positive] = 4.0
+    DROPOUT_RATE: Rate = 0.0
+    ATTENTION_DROPOUT_RATE: Rate = 0.0
+    DROP_PATH_RATE: Rate = 0.0
+    QKV_BIAS: bool = False
+    QK_SCALE: NoQKScale = False
+    USE_ABS_POS_EMB: bool = True
+    USE_REL_POS_BIAS: bool = False
+    USE_SHARED_REL_POS_BIAS: bool = False
+    USE_MEAN_POOLING: bool = True
+    INIT_VALUES: Annotated[
+        Literal[False] | Annotated[float, NonNegative] | None,
+        Note("the layer-scale init; False, null or 0 turn layer scale off"),
+    ] = False
+
+    def check(self, key_path: str) -> None:
+        if self.IMAGE_SIZE % self.PATCH_SIZE:
+            raise trunk_error(
+                "BEIT",
+                "IMAGE_SIZE",
+                self.IMAGE_SIZE,
+                f"must be a multiple of PATCH_SIZE={self.PATCH_SIZE}.",
+            )
+        if self.HIDDEN_DIM % self.NUM_HEADS:
+            raise trunk_error(
+                "BEIT",
+                "HIDDEN_DIM",
+                self.HIDDEN_DIM,
+                f"must be divisible by NUM_HEADS={self.NUM_HEADS}.",
+            )
+
+
 LAYER_NORM_EPS = 1e-6
 _NAME = re.compile(r"^(lastPOOL|lastCLS|lastMAP|blkCLS(\d+)|concatCLS(\d+))$")
 
@@ -112,24 +145,12 @@ class BEiT(nn.Module):
     def __init__(self, model_config: Mapping[str, Any], model_name: str = "beit") -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "BEIT", DEFAULTS)
-        self.image_size = p.integer("IMAGE_SIZE")
-        patch = p.integer("PATCH_SIZE")
-        if self.image_size % patch:
-            raise p.error("IMAGE_SIZE", f"must be a multiple of PATCH_SIZE={patch}.")
-        dim = p.integer("HIDDEN_DIM")
-        heads = p.integer("NUM_HEADS")
-        if dim % heads:
-            raise p.error("HIDDEN_DIM", f"must be divisible by NUM_HEADS={heads}.")
-        p.no_qk_scale()
-        init_values = p.raw("INIT_VALUES")
-        if init_values is False or init_values is None:
-            layer_scale = None
-        else:
-            layer_scale = p.number("INIT_VALUES", 0.0) or None
-        self.mean_pooling = p.flag("USE_MEAN_POOLING")
-        dropout = p.rate("DROPOUT_RATE")
-        self.num_layers = p.integer("NUM_LAYERS")
+        p = parse_trunk(BEiTParams, model_config, "BEIT")
+        self.image_size, patch = p.IMAGE_SIZE, p.PATCH_SIZE
+        dim, heads, dropout = p.HIDDEN_DIM, p.NUM_HEADS, p.DROPOUT_RATE
+        layer_scale = p.INIT_VALUES or None
+        self.mean_pooling = p.USE_MEAN_POOLING
+        self.num_layers = p.NUM_LAYERS
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         import_timm("beit")
         from timm.models.beit import Beit
@@ -143,18 +164,18 @@ class BEiT(nn.Module):
             embed_dim=dim,
             depth=self.num_layers,
             num_heads=heads,
-            qkv_bias=p.flag("QKV_BIAS"),
-            mlp_ratio=p.number("MLP_RATIO", 0.0, strict=True),
+            qkv_bias=p.QKV_BIAS,
+            mlp_ratio=p.MLP_RATIO,
             drop_rate=0.0,
             pos_drop_rate=dropout,
             proj_drop_rate=dropout,
-            attn_drop_rate=p.rate("ATTENTION_DROPOUT_RATE"),
-            drop_path_rate=p.rate("DROP_PATH_RATE"),
+            attn_drop_rate=p.ATTENTION_DROPOUT_RATE,
+            drop_path_rate=p.DROP_PATH_RATE,
             norm_layer=partial(nn.LayerNorm, eps=LAYER_NORM_EPS),  # type: ignore[arg-type]
             init_values=layer_scale,
-            use_abs_pos_emb=p.flag("USE_ABS_POS_EMB"),
-            use_rel_pos_bias=p.flag("USE_REL_POS_BIAS"),
-            use_shared_rel_pos_bias=p.flag("USE_SHARED_REL_POS_BIAS"),
+            use_abs_pos_emb=p.USE_ABS_POS_EMB,
+            use_rel_pos_bias=p.USE_REL_POS_BIAS,
+            use_shared_rel_pos_bias=p.USE_SHARED_REL_POS_BIAS,
         )
         self.grid = (self.image_size // patch, self.image_size // patch)
         self.output_dim = dim

@@ -54,37 +54,62 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torchvision.ops import StochasticDepth
 
+from vissl.config.params import IntAtLeast
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
+    PosInt,
     checkpointing_on,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
     tokens_to_map,
+    trunk_error,
 )
 from vissl.models.trunks.vision_transformer import parse_vit_config
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.CONVIT keys and defaults (VISSL's, plus QKV_BIAS and QK_SCALE, which
-#: VISSL's ConViT configs carry in this block).
-DEFAULTS: dict[str, Any] = {
-    "N_GPSA_LAYERS": 10,
-    "CLASS_TOKEN_IN_LOCAL_LAYERS": False,
-    "LOCALITY_STRENGTH": 1.0,
-    "LOCALITY_DIM": 10,
-    "USE_LOCAL_INIT": True,
-    "QKV_BIAS": False,
-    "QK_SCALE": False,
-}
+
+@dataclass(kw_only=True, frozen=True)
+class ConViTParams:
+    """``config.MODEL.TRUNK.CONVIT`` (VISSL's keys and defaults, plus QKV_BIAS and
+    QK_SCALE, which VISSL's ConViT configs carry in this block: as in VISSL, ConViT
+    takes them from VISION_TRANSFORMERS, and a differing value here is only logged).
+
+    N_GPSA_LAYERS is at most VISION_TRANSFORMERS.NUM_LAYERS (checked by the trunk);
+    CLASS_TOKEN_IN_LOCAL_LAYERS must be False.
+    """
+
+    N_GPSA_LAYERS: Annotated[int, IntAtLeast(0)] = 10
+    CLASS_TOKEN_IN_LOCAL_LAYERS: bool = False
+    LOCALITY_STRENGTH: float = 1.0
+    LOCALITY_DIM: PosInt = 10
+    USE_LOCAL_INIT: bool = True
+    QKV_BIAS: bool = False
+    QK_SCALE: bool | float | None = False
+
+    def check(self, key_path: str) -> None:
+        if self.CLASS_TOKEN_IN_LOCAL_LAYERS:
+            raise trunk_error(
+                "CONVIT",
+                "CLASS_TOKEN_IN_LOCAL_LAYERS",
+                True,
+                "is not supported (VISSL's ConViT cannot run it either: its relative "
+                "positions cover the patches only); set it to False.",
+            )
+
+
+#: The block's defaults (a differing QKV_BIAS / QK_SCALE is logged, not the default).
+_DEFAULTS = ConViTParams()
 
 
 def _init_linear_and_norm(module: nn.Module) -> None:
@@ -297,32 +322,27 @@ class ConViT(nn.Module):
         self.model_config = model_config
         vit_block = cfg_get(model_config, "TRUNK.VISION_TRANSFORMERS")
         s = parse_vit_config(vit_block)
-        p = TrunkParams(model_config, "CONVIT", DEFAULTS)
-        n_gpsa = p.integer("N_GPSA_LAYERS", minimum=0)
+        p = parse_trunk(ConViTParams, model_config, "CONVIT")
+        n_gpsa = p.N_GPSA_LAYERS
         if n_gpsa > s.num_layers:
-            raise p.error(
+            raise trunk_error(
+                "CONVIT",
                 "N_GPSA_LAYERS",
+                n_gpsa,
                 f"must be at most config.MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS="
                 f"{s.num_layers}.",
             )
-        if p.flag("CLASS_TOKEN_IN_LOCAL_LAYERS"):
-            raise p.error(
-                "CLASS_TOKEN_IN_LOCAL_LAYERS",
-                "is not supported (VISSL's ConViT cannot run it either: its relative "
-                "positions cover the patches only); set it to False.",
-            )
-        locality_strength = p.number("LOCALITY_STRENGTH")
-        locality_dim = p.integer("LOCALITY_DIM")
-        use_local_init = p.flag("USE_LOCAL_INIT")
+        locality_strength, locality_dim = p.LOCALITY_STRENGTH, p.LOCALITY_DIM
+        use_local_init = p.USE_LOCAL_INIT
         used = {"QKV_BIAS": s.qkv_bias, "QK_SCALE": s.qk_scale}
-        given = {"QKV_BIAS": p.raw("QKV_BIAS"), "QK_SCALE": p.raw("QK_SCALE") or None}
+        given = {"QKV_BIAS": p.QKV_BIAS, "QK_SCALE": p.QK_SCALE or None}
         for key, value in given.items():
-            if value != used[key] and p.raw(key) != DEFAULTS[key]:
+            if value != used[key] and getattr(p, key) != getattr(_DEFAULTS, key):
                 logger.warning(
-                    "%s=%r is not used: as in VISSL, ConViT takes "
+                    "config.MODEL.TRUNK.CONVIT.%s=%r is not used: as in VISSL, ConViT takes "
                     "config.MODEL.TRUNK.VISION_TRANSFORMERS.%s (%r).",
-                    p.path(key),
-                    p.raw(key),
+                    key,
+                    getattr(p, key),
                     key,
                     used[key],
                 )

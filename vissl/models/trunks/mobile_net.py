@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -52,38 +53,48 @@ from vissl.errors import ConfigError
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
     checkpointing_on,
     import_timm,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
+    trunk_error,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.MOBILE_NET keys and defaults (VISSL's; PRETRAINED and TRUNK_ONLY are read
-#: with defaults by VISSL's trunks).
-DEFAULTS: dict[str, Any] = {
-    "NAME": "mobilenetv3_large_100",
-    "TIMM_BN": False,
-    "PRETRAINED": False,
-    "TRUNK_ONLY": True,
-}
+
+@dataclass(kw_only=True, frozen=True)
+class MobileNetParams:
+    """``config.MODEL.TRUNK.MOBILE_NET`` (VISSL's keys and defaults; PRETRAINED and
+    TRUNK_ONLY are read with defaults by VISSL's trunks).
+
+    NAME is checked by each trunk (timm's or torchvision's names); PRETRAINED must be
+    False: vissl downloads no weights.
+    """
+
+    NAME: str = "mobilenetv3_large_100"
+    TIMM_BN: bool = False
+    PRETRAINED: bool = False
+    TRUNK_ONLY: bool = True
+
+    def check(self, key_path: str) -> None:
+        if self.PRETRAINED:
+            raise trunk_error(
+                "MOBILE_NET",
+                "PRETRAINED",
+                self.PRETRAINED,
+                "vissl downloads no weights; set it to False and load them with "
+                "config.MODEL.WEIGHTS_INIT.PARAMS_FILE (a VISSL MobileNet checkpoint, or a "
+                "state dict with the trunk's model.* names).",
+            )
+
+
 #: NAME -> torchvision builder for mobilenetv3_tv.
 TORCHVISION_NAMES = {
     "mobilenetv3_large_100": "mobilenet_v3_large",
     "mobilenetv3_small_100": "mobilenet_v3_small",
 }
-
-
-def _no_pretrained(p: TrunkParams) -> None:
-    if p.flag("PRETRAINED"):
-        raise p.error(
-            "PRETRAINED",
-            "vissl downloads no weights; set it to False and load them with "
-            "config.MODEL.WEIGHTS_INIT.PARAMS_FILE (a VISSL MobileNet checkpoint, or a "
-            "state dict with the trunk's model.* names).",
-        )
 
 
 def _pool(feat: torch.Tensor) -> torch.Tensor:
@@ -109,14 +120,15 @@ class MobileNetV3Timm(nn.Module):
     ) -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "MOBILE_NET", DEFAULTS)
-        _no_pretrained(p)
+        p = parse_trunk(MobileNetParams, model_config, "MOBILE_NET")
         timm = import_timm("mobilenetv3_timm")
-        name = p.raw("NAME")
+        name = p.NAME
         names = [n for n in timm.list_models("mobilenetv3_*") if not n.startswith("tf_")]
         if name not in names:
-            raise p.error("NAME", f"must be a timm MobileNet-V3 name, one of {names}.")
-        self.trunk_only = p.flag("TRUNK_ONLY")
+            raise trunk_error(
+                "MOBILE_NET", "NAME", name, f"must be a timm MobileNet-V3 name, one of {names}."
+            )
+        self.trunk_only = p.TRUNK_ONLY
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         self.model = timm.create_model(
             name, pretrained=False, num_classes=0, in_chans=input_channels(self.input_type)
@@ -189,9 +201,12 @@ class MobileNetV3TV(nn.Module):
         import torchvision.models as tv_models
 
         self.model_config = model_config
-        p = TrunkParams(model_config, "MOBILE_NET", DEFAULTS)
-        _no_pretrained(p)
-        name = str(p.choice("NAME", list(TORCHVISION_NAMES)))
+        p = parse_trunk(MobileNetParams, model_config, "MOBILE_NET")
+        name = p.NAME
+        if name not in TORCHVISION_NAMES:
+            raise trunk_error(
+                "MOBILE_NET", "NAME", name, f"must be one of {list(TORCHVISION_NAMES)}."
+            )
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         if self.input_type not in ("rgb", "bgr"):
             raise ConfigError(
@@ -200,7 +215,7 @@ class MobileNetV3TV(nn.Module):
                 "config.MODEL.INPUT_TYPE",
             )
         # timm trains with PyTorch's BatchNorm defaults; torchvision uses eps 1e-3, 0.01
-        norm = partial(nn.BatchNorm2d, eps=1e-5, momentum=0.1) if p.flag("TIMM_BN") else None
+        norm = partial(nn.BatchNorm2d, eps=1e-5, momentum=0.1) if p.TIMM_BN else None
         builder = getattr(tv_models, TORCHVISION_NAMES[name])
         self.model = builder(weights=None, norm_layer=norm)
         self.model.classifier = nn.Identity()

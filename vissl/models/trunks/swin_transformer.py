@@ -44,40 +44,74 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vissl.config.params import NonEmpty, Positive
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
+    NoQKScale,
+    PosInt,
+    Rate,
     checkpointing_on,
     import_timm,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
+    trunk_error,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.SWIN_TRANSFORMER keys and defaults (VISSL's, Swin-T).
-DEFAULTS: dict[str, Any] = {
-    "name": None,
-    "IMAGE_SIZE": 224,
-    "PATCH_SIZE": 4,
-    "EMBED_DIM": 96,
-    "DEPTHS": [2, 2, 6, 2],
-    "NUM_HEADS": [3, 6, 12, 24],
-    "WINDOW_SIZE": 7,
-    "MLP_RATIO": 4.0,
-    "DROPOUT_RATE": 0.0,
-    "ATTENTION_DROPOUT_RATE": 0.0,
-    "DROP_PATH_RATE": 0.1,
-    "QKV_BIAS": True,
-    "QK_SCALE": False,
-}
+
+@dataclass(kw_only=True, frozen=True)
+class SwinParams:
+    """``config.MODEL.TRUNK.SWIN_TRANSFORMER`` (VISSL's keys and defaults, Swin-T).
+
+    ``name`` is informational only. NUM_HEADS has one entry per stage of DEPTHS, and
+    stage ``i``'s width (EMBED_DIM * 2^i) must be divisible by its heads.
+    """
+
+    name: str | None = None
+    IMAGE_SIZE: PosInt = 224
+    PATCH_SIZE: PosInt = 4
+    EMBED_DIM: PosInt = 96
+    DEPTHS: Annotated[list[PosInt], NonEmpty] = field(default_factory=lambda: [2, 2, 6, 2])
+    NUM_HEADS: Annotated[list[PosInt], NonEmpty] = field(default_factory=lambda: [3, 6, 12, 24])
+    WINDOW_SIZE: PosInt = 7
+    MLP_RATIO: Annotated[float, Positive] = 4.0
+    DROPOUT_RATE: Rate = 0.0
+    ATTENTION_DROPOUT_RATE: Rate = 0.0
+    DROP_PATH_RATE: Rate = 0.1
+    QKV_BIAS: bool = True
+    QK_SCALE: NoQKScale = False
+
+    def check(self, key_path: str) -> None:
+        heads, depths = self.NUM_HEADS, self.DEPTHS
+        if len(heads) != len(depths):
+            raise trunk_error(
+                "SWIN_TRANSFORMER",
+                "NUM_HEADS",
+                heads,
+                f"must have one entry per stage, as DEPTHS={depths} has.",
+            )
+        for i, h in enumerate(heads):
+            width = self.EMBED_DIM * 2**i
+            if width % h:
+                raise trunk_error(
+                    "SWIN_TRANSFORMER",
+                    "NUM_HEADS",
+                    heads,
+                    f"stage {i} is {width} wide (EMBED_DIM * 2^{i}), which {h} heads do "
+                    "not divide.",
+                )
+
+
 POOLED = "pooled"
 ALIASES = {"lastCLS": POOLED}
 
@@ -100,44 +134,29 @@ class SwinTransformer(nn.Module):
     ) -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "SWIN_TRANSFORMER", DEFAULTS)
-        depths = p.int_list("DEPTHS")
-        heads = p.int_list("NUM_HEADS")
-        if len(heads) != len(depths):
-            raise p.error("NUM_HEADS", f"must have one entry per stage, as DEPTHS={depths} has.")
-        embed_dim = p.integer("EMBED_DIM")
-        for i, h in enumerate(heads):
-            if (embed_dim * 2**i) % h:
-                raise p.error(
-                    "NUM_HEADS",
-                    f"stage {i} is {embed_dim * 2**i} wide (EMBED_DIM * 2^{i}), which "
-                    f"{h} heads do not divide.",
-                )
-        p.no_qk_scale()
-        name = p.raw("name")
-        if name is not None and not isinstance(name, str):
-            raise p.error("name", "must be null or a string (it is informational only).")
-        self.patch_size = p.integer("PATCH_SIZE")
-        dropout = p.rate("DROPOUT_RATE")
+        p = parse_trunk(SwinParams, model_config, "SWIN_TRANSFORMER")
+        depths, heads, embed_dim = p.DEPTHS, p.NUM_HEADS, p.EMBED_DIM
+        self.patch_size = p.PATCH_SIZE
+        dropout = p.DROPOUT_RATE
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         import_timm("swin_transformer")
         from timm.models.swin_transformer import SwinTransformer as TimmSwin
 
         self.timm_model = TimmSwin(
-            img_size=p.integer("IMAGE_SIZE"),
+            img_size=p.IMAGE_SIZE,
             patch_size=self.patch_size,
             in_chans=input_channels(self.input_type),
             num_classes=0,
             embed_dim=embed_dim,
             depths=tuple(depths),
             num_heads=tuple(heads),
-            window_size=p.integer("WINDOW_SIZE"),
-            mlp_ratio=p.number("MLP_RATIO", 0.0, strict=True),
-            qkv_bias=p.flag("QKV_BIAS"),
+            window_size=p.WINDOW_SIZE,
+            mlp_ratio=p.MLP_RATIO,
+            qkv_bias=p.QKV_BIAS,
             drop_rate=0.0,
             proj_drop_rate=dropout,
-            attn_drop_rate=p.rate("ATTENTION_DROPOUT_RATE"),
-            drop_path_rate=p.rate("DROP_PATH_RATE"),
+            attn_drop_rate=p.ATTENTION_DROPOUT_RATE,
+            drop_path_rate=p.DROP_PATH_RATE,
             strict_img_size=False,
         )
         # VISSL drops out after the patch embedding too; timm's Swin has no such dropout
@@ -151,7 +170,7 @@ class SwinTransformer(nn.Module):
             embed_dim,
             depths,
             heads,
-            p.raw("WINDOW_SIZE"),
+            p.WINDOW_SIZE,
         )
 
     def forward(

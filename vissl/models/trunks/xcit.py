@@ -43,44 +43,75 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 import torch.nn as nn
 
+from vissl.config.params import OneOf, Positive
 from vissl.models.model_helpers import cfg_get, input_channels, transform_model_input_data_type
 from vissl.models.trunks import register_model_trunk
 from vissl.models.trunks._trunk_params import (
-    TrunkParams,
+    NoQKScale,
+    PosInt,
+    Rate,
     checkpointing_on,
     import_timm,
     maybe_checkpoint,
+    parse_trunk,
     resolve_features,
     tokens_to_map,
+    trunk_error,
 )
 
 logger = logging.getLogger(__name__)
 
-#: MODEL.TRUNK.XCIT keys and defaults (VISSL's, XCiT-S12/16).
-DEFAULTS: dict[str, Any] = {
-    "name": None,
-    "IMAGE_SIZE": 224,
-    "PATCH_SIZE": 16,
-    "HIDDEN_DIM": 384,
-    "NUM_LAYERS": 12,
-    "NUM_HEADS": 8,
-    "MLP_RATIO": 4.0,
-    "DROPOUT_RATE": 0.0,
-    "ATTENTION_DROPOUT_RATE": 0.0,
-    "DROP_PATH_RATE": 0.05,
-    "ETA": 1.0,
-    "TOKENS_NORM": True,
-    "QKV_BIAS": True,
-    "QK_SCALE": False,
-    "CHECKPOINT_XCA_BLOCK": False,
-    "CHECKPOINT_ATTN_BLOCK": False,
-}
 PATCH_SIZES = (8, 16)
+
+
+@dataclass(kw_only=True, frozen=True)
+class XCiTParams:
+    """``config.MODEL.TRUNK.XCIT`` (VISSL's keys and defaults, XCiT-S12/16).
+
+    ``name`` is informational only. IMAGE_SIZE must be a multiple of PATCH_SIZE and
+    HIDDEN_DIM divisible by NUM_HEADS.
+    """
+
+    name: str | None = None
+    IMAGE_SIZE: PosInt = 224
+    PATCH_SIZE: Annotated[int, OneOf(*PATCH_SIZES)] = 16
+    HIDDEN_DIM: PosInt = 384
+    NUM_LAYERS: PosInt = 12
+    NUM_HEADS: PosInt = 8
+    MLP_RATIO: Annotated[float, Positive] = 4.0
+    DROPOUT_RATE: Rate = 0.0
+    ATTENTION_DROPOUT_RATE: Rate = 0.0
+    DROP_PATH_RATE: Rate = 0.05
+    ETA: Annotated[float, Positive] = 1.0
+    TOKENS_NORM: bool = True
+    QKV_BIAS: bool = True
+    QK_SCALE: NoQKScale = False
+    CHECKPOINT_XCA_BLOCK: bool = False
+    CHECKPOINT_ATTN_BLOCK: bool = False
+
+    def check(self, key_path: str) -> None:
+        if self.IMAGE_SIZE % self.PATCH_SIZE:
+            raise trunk_error(
+                "XCIT",
+                "IMAGE_SIZE",
+                self.IMAGE_SIZE,
+                f"must be a multiple of PATCH_SIZE={self.PATCH_SIZE}.",
+            )
+        if self.HIDDEN_DIM % self.NUM_HEADS:
+            raise trunk_error(
+                "XCIT",
+                "HIDDEN_DIM",
+                self.HIDDEN_DIM,
+                f"must be divisible by NUM_HEADS={self.NUM_HEADS}.",
+            )
+
+
 FINAL = ("lastCLS", "lastPOOL", "lastMAP")
 
 
@@ -100,24 +131,12 @@ class XCiT(nn.Module):
     def __init__(self, model_config: Mapping[str, Any], model_name: str = "xcit") -> None:
         super().__init__()
         self.model_config = model_config
-        p = TrunkParams(model_config, "XCIT", DEFAULTS)
-        image_size = p.integer("IMAGE_SIZE")
-        self.patch_size = int(p.choice("PATCH_SIZE", PATCH_SIZES))
-        if image_size % self.patch_size:
-            raise p.error("IMAGE_SIZE", f"must be a multiple of PATCH_SIZE={self.patch_size}.")
-        dim = p.integer("HIDDEN_DIM")
-        heads = p.integer("NUM_HEADS")
-        if dim % heads:
-            raise p.error("HIDDEN_DIM", f"must be divisible by NUM_HEADS={heads}.")
-        depth = p.integer("NUM_LAYERS")
-        p.no_qk_scale()
-        name = p.raw("name")
-        if name is not None and not isinstance(name, str):
-            raise p.error("name", "must be null or a string (it is informational only).")
-        dropout = p.rate("DROPOUT_RATE")
+        p = parse_trunk(XCiTParams, model_config, "XCIT")
+        image_size, self.patch_size = p.IMAGE_SIZE, p.PATCH_SIZE
+        dim, heads, depth, dropout = p.HIDDEN_DIM, p.NUM_HEADS, p.NUM_LAYERS, p.DROPOUT_RATE
         all_blocks = checkpointing_on(model_config)
-        self.checkpoint_xca = p.flag("CHECKPOINT_XCA_BLOCK") or all_blocks
-        self.checkpoint_attn = p.flag("CHECKPOINT_ATTN_BLOCK") or all_blocks
+        self.checkpoint_xca = p.CHECKPOINT_XCA_BLOCK or all_blocks
+        self.checkpoint_attn = p.CHECKPOINT_ATTN_BLOCK or all_blocks
         self.input_type = str(cfg_get(model_config, "INPUT_TYPE", "rgb"))
         import_timm("xcit")
         from timm.models.xcit import Xcit
@@ -130,15 +149,15 @@ class XCiT(nn.Module):
             embed_dim=dim,
             depth=depth,
             num_heads=heads,
-            mlp_ratio=p.number("MLP_RATIO", 0.0, strict=True),
-            qkv_bias=p.flag("QKV_BIAS"),
+            mlp_ratio=p.MLP_RATIO,
+            qkv_bias=p.QKV_BIAS,
             drop_rate=0.0,
             pos_drop_rate=dropout,
             proj_drop_rate=dropout,
-            attn_drop_rate=p.rate("ATTENTION_DROPOUT_RATE"),
-            drop_path_rate=p.rate("DROP_PATH_RATE"),
-            eta=p.number("ETA", 0.0, strict=True),
-            tokens_norm=p.flag("TOKENS_NORM"),
+            attn_drop_rate=p.ATTENTION_DROPOUT_RATE,
+            drop_path_rate=p.DROP_PATH_RATE,
+            eta=p.ETA,
+            tokens_norm=p.TOKENS_NORM,
         )
         self.output_dim = dim
         self.num_layers = depth
