@@ -36,7 +36,7 @@ from _common import HelpFormatter, ScriptError, run_script  # noqa: E402
 
 from vissl.config.attr_dict import AttrDict  # noqa: E402
 from vissl.engines.extract_cluster import CONFIG_FILE, load_cluster_assignments  # noqa: E402
-from vissl.utils.cluster_utils import save_npy  # noqa: E402
+from vissl.evaluation.clustering import save_npy  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -23,7 +23,7 @@ from vissl.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
 from vissl.optimizers.larc import LARC
-from vissl.utils.cluster_utils import ClusterFitSettings, output_prefix
+from vissl.evaluation.clustering import ClusterFitSettings, output_prefix
 
 STEP1 = "pretrain/clusterfit/cluster_features_resnet50_8gpu_imagenet"
 # config -> (images per step, peak lr, iterations per epoch, warm-up epochs); VISSL's

@@ -24,7 +24,7 @@ from vissl.hooks.online_monitors import (
     monitor_split_config,
 )
 from vissl.utils.hydra_config import hydra_compose_and_validate
-from vissl.utils.knn import knn_classify
+from vissl.evaluation.knn import knn_classify
 from vissl.utils.test_utils import spawn_gloo
 
 N_BANK, N_QUERY, DIM, CLASSES, K, SIGMA = 53, 21, 8, 4, 5, 0.1

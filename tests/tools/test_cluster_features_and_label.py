@@ -7,14 +7,10 @@ is tested on assignment files written here, as the extract_cluster engine writes
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import pickle
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -25,7 +21,9 @@ from PIL import Image
 from tests._cli import run_script
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
-from vissl.utils.cluster_utils import l2_normalize
+from vissl.evaluation.benchmarks import clustering as tool
+from vissl.evaluation.cli import run_tool
+from vissl.evaluation.clustering import l2_normalize
 from vissl.utils.hydra_config import config_to_yaml, hydra_compose_and_validate
 
 TOOL = os.path.join(REPO, "tools", "cluster_features_and_label.py")
@@ -43,26 +41,8 @@ STEP1 = [
 pytestmark = pytest.mark.integration
 
 
-def _load(path: str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-tool = _load(TOOL, "cluster_features_and_label")
-to_dataset = _load(TO_DATASET, "cluster_assignments_to_dataset")
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
 
 
 def _env() -> dict[str, str]:
@@ -93,7 +73,7 @@ def step1(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     capsys.readouterr()
-    rc = tool.ft.run_tool("cluster_features_and_label", tool.main, list(args))
+    rc = run_tool("cluster_features_and_label", tool.main, list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 

@@ -5,15 +5,10 @@ whitening); the protocol, R-MAC regions and GeM against hand-worked numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
 import os
 import pickle
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -25,11 +20,13 @@ from torchvision.transforms.functional import normalize, to_tensor
 
 from tests.integration._runs import REPO
 from vissl.errors import ConfigError
+from vissl.evaluation.benchmarks import retrieval as tool
+from vissl.evaluation.cli import run_tool
+from vissl.evaluation.retrieval.data import gem, load_ground_truth
+from vissl.evaluation.retrieval.evaluate import compute_map
+from vissl.evaluation.retrieval.rmac import get_rmac_region_coordinates
 from vissl.models import build_model
 from vissl.utils.hydra_config import hydra_compose_and_validate
-from vissl.utils.instance_retrieval_utils.data_util import gem, load_ground_truth
-from vissl.utils.instance_retrieval_utils.evaluate import compute_map
-from vissl.utils.instance_retrieval_utils.rmac import get_rmac_region_coordinates
 
 TOOL = os.path.join(REPO, "tools", "instance_retrieval_test.py")
 CONFIG = "config=benchmark/instance_retrieval/eval_resnet_1gpu_roxford"
@@ -43,26 +40,8 @@ GND = [
 ]
 
 
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("instance_retrieval_test", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["instance_retrieval_test"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
 
 
-tool = _load_tool()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
 
 
 def _write_set(root: Path, name: str, n_db: int, queries: int, gnd: list[dict], seed: int) -> None:
@@ -181,7 +160,7 @@ def test_fake_roxford_mean_ap_equals_hand_computation(tmp_path: Path, tree: Path
     model = _weights(weights, _overrides(tree, tmp_path, weights, *extra))
     out = tmp_path / "run"
     capsys.readouterr()
-    rc = tool.ft.run_tool(
+    rc = run_tool(
         "instance_retrieval_test", tool.main, _overrides(tree, out, weights, *extra)
     )
     printed = capsys.readouterr().out.strip().splitlines()
@@ -296,7 +275,7 @@ def test_rmac_and_gem_paths(tmp_path: Path, tree: Path, capsys, kind: str) -> No
     model = _weights(weights, _overrides(tree, tmp_path, weights, *extra))
     out = tmp_path / "run"
     capsys.readouterr()
-    rc = tool.ft.run_tool(
+    rc = run_tool(
         "instance_retrieval_test", tool.main, _overrides(tree, out, weights, *extra)
     )
     assert rc == 0, capsys.readouterr().err
