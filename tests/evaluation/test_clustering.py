@@ -11,7 +11,7 @@ import pytest
 
 from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
-from vissl.utils import cluster_utils
+from vissl.evaluation import clustering as cluster_utils
 from vissl.evaluation.clustering import (
     ClusterFitSettings,
     assign_to_centroids,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sklearn.neighbors import NearestNeighbors
 
-from vissl.utils import knn
+from vissl.evaluation import knn
 from vissl.evaluation.knn import auto_chunk_sizes, knn_classify, knn_neighbors
 
 NUM_CLASSES = 10

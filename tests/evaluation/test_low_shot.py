@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vissl.utils import low_shot_utils
+from vissl.evaluation import low_shot as low_shot_utils
 from vissl.evaluation.low_shot import (
     LowShotResult,
     choose_lambda,

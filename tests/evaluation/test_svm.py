@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from vissl.errors import ConfigError
-from vissl.utils import svm_utils
+from vissl.evaluation import svm as svm_utils
 from vissl.evaluation.svm import (
     SvmSettings,
     binary_targets,

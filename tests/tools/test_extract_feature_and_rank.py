@@ -19,16 +19,6 @@ from vissl.evaluation.cli import run_tool
 TOOL = os.path.join(REPO, "tools", "extract_feature_and_rank.py")
 
 
-
-
-
-
-def test_nearest_neighbour_distances_by_hand() -> None:
-    # points 0, 1, 3, 7 on a line: squared distances to the nearest other point 1, 1, 4, 16
-    x = np.array([[0.0], [1.0], [3.0], [7.0]])
-    assert tool.nearest_neighbour_distances(x, use_faiss=False, chunk=3).tolist() == [1, 1, 4, 16]
-
-
 @pytest.mark.integration
 def test_extract_and_rank_images(tmp_path: Path, capsys) -> None:
     rng = np.random.default_rng(0)

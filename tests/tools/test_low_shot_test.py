@@ -45,10 +45,6 @@ LINE = re.compile(
 pytestmark = pytest.mark.integration
 
 
-
-
-
-
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """Run the tool's ``main`` in this process as the command line would."""
     capsys.readouterr()

@@ -41,10 +41,6 @@ OUTPUTS = ("predictions", "targets", "image_indices")
 pytestmark = pytest.mark.integration
 
 
-
-
-
-
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """Run the tool's ``main`` in this process as the command line would."""
     capsys.readouterr()

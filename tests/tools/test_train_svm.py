@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.utils.test_svm_utils import reference_11point_ap, reference_interpolated_ap
 
 from tests._cli import run_script
+from tests.evaluation.test_svm import reference_11point_ap, reference_interpolated_ap
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
 from vissl.evaluation.benchmarks import svm as tool
@@ -39,10 +39,6 @@ LINE = re.compile(
 )
 
 pytestmark = pytest.mark.integration
-
-
-
-
 
 
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

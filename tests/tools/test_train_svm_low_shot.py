@@ -23,10 +23,6 @@ KS = [1, 3]
 DRAWS = [1, 2]
 
 
-
-
-
-
 def _write_split(folder: Path, split: str, n: int, rng: np.random.Generator) -> tuple:
     """VOC-like (n, 4) targets (1 / 0 / -1) and 16-d features that carry the classes."""
     targets = rng.choice([1, 0, 0, -1], size=(n, 4), p=[0.35, 0.25, 0.3, 0.1]).astype(np.int64)
