@@ -60,6 +60,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vissl.errors import ConfigError
+from vissl.evaluation.knn import knn_class_scores, rank_classes
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.distributed import (
     all_reduce_mean,
@@ -68,7 +69,6 @@ from vissl.utils.distributed import (
     get_rank,
     get_world_size,
 )
-from vissl.evaluation.knn import knn_class_scores, rank_classes
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from vissl.errors import ConfigError
+from vissl.evaluation.svm import interpolated_ap
 from vissl.meters import register_meter
 from vissl.utils.distributed import get_world_size, is_distributed
-from vissl.evaluation.svm import interpolated_ap
 
 logger = logging.getLogger(__name__)
 
