@@ -4,12 +4,15 @@ how their errors reach the command line."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from vissl.errors import VisslError
+
+logger = logging.getLogger("vissl.tools")
 
 
 def setup_tool_logging(cfg: Any) -> str:
@@ -29,6 +32,17 @@ def write_results_json(path: str, data: Any) -> None:
         json.dump(data, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def report_layer(
+    path: str, report: dict[str, Any], layer: str, summary: dict[str, Any], line: str
+) -> None:
+    """Add ``layer``'s ``summary`` to ``report["layers"]``, rewrite the results file
+    ``path``, and print the layer's result ``line``."""
+    report["layers"][layer] = summary
+    write_results_json(path, report)
+    logger.info("results saved to %s", path)
+    print(line, flush=True)
 
 
 def run_tool(prog: str, main: Callable[[list[str]], int], argv: Sequence[str]) -> int:

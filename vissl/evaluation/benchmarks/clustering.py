@@ -1,9 +1,5 @@
 """The command of ``tools/cluster_features_and_label.py``: ClusterFit step 1: cluster a model's
-features with k-means, one pseudo-label per sample.
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+features with k-means, one pseudo-label per sample."""
 
 from __future__ import annotations
 

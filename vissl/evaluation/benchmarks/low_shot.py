@@ -1,9 +1,5 @@
 """The command of ``tools/low_shot_test.py``: low-shot benchmark of a model's features (VISSL's
-``LOW_SHOT_BENCHMARK``).
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+``LOW_SHOT_BENCHMARK``)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import os
 from typing import Any
 
 from vissl.errors import ConfigError
-from vissl.evaluation.cli import setup_tool_logging, write_results_json
+from vissl.evaluation.cli import report_layer, setup_tool_logging
 from vissl.evaluation.features import (
     extract_or_locate_features,
     feature_layers,
@@ -197,10 +193,7 @@ def main(argv: list[str]) -> int:
     try:
         for layer in layers:
             summary, line = _low_shot_at_layer(folder, layer, method, ks, seeds, lambdas, settings)
-            report["layers"][layer] = summary
-            write_results_json(results_path, report)
-            logger.info("results saved to %s", results_path)
-            print(line, flush=True)
+            report_layer(results_path, report, layer, summary, line)
     finally:
         shutdown_logging()
     return 0

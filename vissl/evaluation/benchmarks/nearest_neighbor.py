@@ -1,9 +1,5 @@
 """The command of ``tools/nearest_neighbor_test.py``: weighted kNN evaluation of a model's features
-(VISSL's ``NEAREST_NEIGHBOR`` benchmark).
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+(VISSL's ``NEAREST_NEIGHBOR`` benchmark)."""
 
 from __future__ import annotations
 

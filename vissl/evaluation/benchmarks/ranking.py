@@ -1,9 +1,5 @@
 """The command of ``tools/extract_feature_and_rank.py``: rank a data set's images by the distance
-to their nearest neighbour (VISSL's ``RANKING``).
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+to their nearest neighbour (VISSL's ``RANKING``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The command of ``tools/instance_retrieval_test.py``: instance retrieval on Revisited Oxford /
-Paris (VISSL's ``IMG_RETRIEVAL`` benchmark).
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+Paris (VISSL's ``IMG_RETRIEVAL`` benchmark)."""
 
 from __future__ import annotations
 

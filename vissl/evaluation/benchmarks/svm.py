@@ -1,9 +1,5 @@
 """The command of ``tools/train_svm.py``: linear SVM benchmark of a model's features (VISSL's
-``SVM`` benchmark, e.g. VOC07).
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+``SVM`` benchmark, e.g. VOC07)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import os
 from typing import Any
 
 from vissl.errors import ConfigError
-from vissl.evaluation.cli import setup_tool_logging, write_results_json
+from vissl.evaluation.cli import report_layer, setup_tool_logging
 from vissl.evaluation.features import (
     extract_or_locate_features,
     feature_layers,
@@ -118,10 +114,7 @@ def main(argv: list[str]) -> int:
     try:
         for layer in layers:
             summary, line = _svm_at_layer(folder, out_dir, layer, settings)
-            report["layers"][layer] = summary
-            write_results_json(results_path, report)
-            logger.info("results saved to %s", results_path)
-            print(line, flush=True)
+            report_layer(results_path, report, layer, summary, line)
     finally:
         shutdown_logging()
     return 0

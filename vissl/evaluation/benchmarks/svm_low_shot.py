@@ -1,9 +1,5 @@
 """The command of ``tools/train_svm_low_shot.py``: VISSL's low-shot SVM benchmark on VOC07
-(``SVM.low_shot``).
-
-``main(argv)`` is the tool (whose docstring lists the keys, outputs and exit codes); the
-other functions are its steps.
-"""
+(``SVM.low_shot``)."""
 
 from __future__ import annotations
 
