@@ -27,8 +27,8 @@ from _common import HelpFormatter, run_script
 
 from vissl.config.attr_dict import AttrDict
 from vissl.data.data_sources import get_data_source
+from vissl.evaluation.knn import knn_classify
 from vissl.utils.hydra_config import hydra_compose_and_validate
-from vissl.utils.knn import knn_classify
 
 #: The data sources this baseline is defined for.
 SOURCES = ("digits", "mnist5k")

@@ -26,17 +26,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-import numpy as np
-import yaml
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "extra_scripts"))
 
-from _common import HelpFormatter, ScriptError, run_script  # noqa: E402
+from _common import HelpFormatter, run_script  # noqa: E402
 
-from vissl.config.attr_dict import AttrDict  # noqa: E402
-from vissl.engines.extract_cluster import CONFIG_FILE, load_cluster_assignments  # noqa: E402
-from vissl.utils.cluster_utils import save_npy  # noqa: E402
+from vissl.engines.extract_cluster import CONFIG_FILE  # noqa: E402
+from vissl.evaluation.benchmarks.cluster_assignments import assignments_to_dataset  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -56,71 +52,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _load_config(path: str) -> AttrDict:
-    if not os.path.isfile(path):
-        raise ScriptError(
-            f"{path}: no config of the extract_cluster run; pass --config <its YAML> "
-            "(train_config.yaml of the run)."
-        )
-    with open(path, encoding="utf-8") as f:
-        content = yaml.safe_load(f)
-    if not isinstance(content, dict) or not isinstance(content.get("config"), dict):
-        raise ScriptError(f"{path}: not a vissl config (expected a top-level 'config:' block).")
-    return AttrDict(content["config"])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not os.path.isdir(args.input):
-        raise ScriptError(f"--input {args.input}: no such folder.")
-    splits = [
-        s
-        for s in ("train", "test")
-        if os.path.exists(os.path.join(args.input, f"{s}_cluster_assignments.npy"))
-    ]
-    if not splits:
-        raise ScriptError(
-            f"--input {args.input}: no {{train,test}}_cluster_assignments.npy; run "
-            "tools/run_distributed_engines.py engine_name=extract_cluster first."
-        )
-    cfg = _load_config(args.config or os.path.join(args.input, CONFIG_FILE))
-    from vissl.data import build_dataset
-
-    os.makedirs(args.output, exist_ok=True)
-    for split in splits:
-        data = load_cluster_assignments(args.input, split)
-        assignments = data["cluster_assignments"].reshape(len(data["cluster_inds"]), -1)
-        if not 0 <= args.head < assignments.shape[1]:
-            raise ScriptError(
-                f"--head {args.head}: the assignments have {assignments.shape[1]} set(s) of "
-                "prototypes (0-based)."
-            )
-        inds = data["cluster_inds"].astype(np.int64)
-        labels = assignments[:, args.head].astype(np.int64)
-        dataset = build_dataset(cfg, split.upper())
-        paths = dataset.get_image_paths()
-        images = list(paths[0]) if paths else []
-        written = []
-        if images:
-            if int(inds.max(initial=-1)) >= len(images):
-                raise ScriptError(
-                    f"{split}: the assignments index sample {int(inds.max())} but the data "
-                    f"of the config has {len(images)} images; pass the run's --config."
-                )
-            image_file = os.path.join(args.output, f"{split}_images.npy")
-            save_npy(image_file, np.array([images[i] for i in inds]))
-            written.append(image_file)
-        elif not np.array_equal(inds, np.arange(len(dataset))):
-            raise ScriptError(
-                f"{split}: the data source has no image paths and the assignments cover "
-                f"{len(inds)} of its {len(dataset)} samples, so the labels cannot stand next "
-                "to it; assign every sample (no DATA_LIMIT)."
-            )
-        label_file = os.path.join(args.output, f"{split}_labels.npy")
-        save_npy(label_file, labels)
-        written.append(label_file)
-        used = len(np.unique(labels))
-        print(f"{split}: {len(labels)} samples, {used} clusters used -> {', '.join(written)}")
+    assignments_to_dataset(args.input, args.output, args.head, args.config)
     return 0
 
 

@@ -19,11 +19,11 @@ from tests.config.test_pretrain_method_configs import (
 )
 from tests.config.test_shipped_configs import CONFIG_ROOT, CPU_OVERRIDES, NO_LABEL_FILES
 from vissl.errors import ConfigError
+from vissl.evaluation.clustering import ClusterFitSettings, output_prefix
 from vissl.losses.cross_entropy_multiple_output_single_target import (
     CrossEntropyMultipleOutputSingleTargetLoss,
 )
 from vissl.optimizers.larc import LARC
-from vissl.utils.cluster_utils import ClusterFitSettings, output_prefix
 
 STEP1 = "pretrain/clusterfit/cluster_features_resnet50_8gpu_imagenet"
 # config -> (images per step, peak lr, iterations per epoch, warm-up epochs); VISSL's

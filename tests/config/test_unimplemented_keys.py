@@ -155,14 +155,8 @@ def test_config_warnings_print_one_line_without_python_source() -> None:
 def test_the_command_line_prints_config_warnings_as_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import importlib.util
+    from vissl.launch import cli as tool
 
-    spec = importlib.util.spec_from_file_location(
-        "run_distributed_engines", REPO / "tools" / "run_distributed_engines.py"
-    )
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     monkeypatch.setattr(
         "sys.argv",
         [

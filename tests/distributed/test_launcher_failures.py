@@ -3,7 +3,6 @@ mismatches, and a preemption signal sent to the launcher."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import time
@@ -74,12 +73,7 @@ def test_a_killed_rank_is_reported_with_its_signal(tmp_path):
 
 def test_cli_exit_codes(monkeypatch, capsys):
     """The CLI: 1 when a process failed (its error printed), 75 when preempted."""
-    spec = importlib.util.spec_from_file_location(
-        "run_distributed_engines", os.path.join(REPO, "tools", "run_distributed_engines.py")
-    )
-    assert spec is not None and spec.loader is not None
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    from vissl.launch import cli
 
     def fail(overrides):
         raise DistributedWorkerError("rank 1 of 2 (node 0, local rank 1) failed:\nTraceback", 1)

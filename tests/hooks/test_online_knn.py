@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from tests._tiny_run import train_in_process
 from vissl.errors import ConfigError
+from vissl.evaluation.knn import knn_classify
 from vissl.hooks import default_hook_generator
 from vissl.hooks.online_monitors import (
     OnlineKnnHook,
@@ -24,7 +25,6 @@ from vissl.hooks.online_monitors import (
     monitor_split_config,
 )
 from vissl.utils.hydra_config import hydra_compose_and_validate
-from vissl.utils.knn import knn_classify
 from vissl.utils.test_utils import spawn_gloo
 
 N_BANK, N_QUERY, DIM, CLASSES, K, SIGMA = 53, 21, 8, 4, 5, 0.1

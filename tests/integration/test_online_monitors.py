@@ -78,10 +78,10 @@ def _knn_of_checkpoint(checkpoint: str, cfg) -> float:
     import torch
 
     from vissl.data import build_dataset
+    from vissl.evaluation.knn import knn_classify
     from vissl.hooks.online_monitors import monitor_split_config
     from vissl.models import build_model
     from vissl.utils.checkpoint import load_checkpoint
-    from vissl.utils.knn import knn_classify
 
     model = build_model(cfg.MODEL, cfg.OPTIMIZER)
     weights = load_checkpoint(checkpoint)["classy_state_dict"]["base_model"]["model"]

@@ -8,15 +8,15 @@ takes.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration._runs import REPO, run_config
+from tests.integration._runs import run_config
+from tests.tools._fixtures import drop_vissl_log_handlers  # noqa: F401 (autouse)
+from vissl.evaluation.benchmarks import nearest_neighbor
+from vissl.evaluation.cli import run_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,16 +37,6 @@ TRAIN = [
 LINE = re.compile(r"^nearest_neighbor: top-1 (\d+\.\d\d)% .* layer=trunk train=200 test=100$")
 
 
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
-
-
 def test_quick_start_trains_a_timm_trunk_and_knn_reads_its_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -55,16 +45,10 @@ def test_quick_start_trains_a_timm_trunk_and_knn_reads_its_checkpoint(
     ckpt = train_dir / "model_final_checkpoint_phase0.torch"
     assert ckpt.is_file()
 
-    spec = importlib.util.spec_from_file_location(
-        "nearest_neighbor_test", str(Path(REPO) / "tools" / "nearest_neighbor_test.py")
-    )
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     capsys.readouterr()
-    rc = tool.run_tool(
+    rc = run_tool(
         "nearest_neighbor_test",
-        tool.main,
+        nearest_neighbor.main,
         [
             "config=benchmark/nearest_neighbor/digits/nn_digits_quick_start",
             *TIMM_TRUNK,

@@ -7,14 +7,11 @@ is tested on assignment files written here, as the extract_cluster engine writes
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import pickle
+import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -25,7 +22,11 @@ from PIL import Image
 from tests._cli import run_script
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
-from vissl.utils.cluster_utils import l2_normalize
+from vissl.errors import VisslError
+from vissl.evaluation.benchmarks import clustering as tool
+from vissl.evaluation.benchmarks.cluster_assignments import assignments_to_dataset
+from vissl.evaluation.cli import run_tool
+from vissl.evaluation.clustering import l2_normalize
 from vissl.utils.hydra_config import config_to_yaml, hydra_compose_and_validate
 
 TOOL = os.path.join(REPO, "tools", "cluster_features_and_label.py")
@@ -41,28 +42,6 @@ STEP1 = [
 ]
 
 pytestmark = pytest.mark.integration
-
-
-def _load(path: str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load(TOOL, "cluster_features_and_label")
-to_dataset = _load(TO_DATASET, "cluster_assignments_to_dataset")
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
 
 
 def _env() -> dict[str, str]:
@@ -93,7 +72,7 @@ def step1(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     capsys.readouterr()
-    rc = tool.ft.run_tool("cluster_features_and_label", tool.main, list(args))
+    rc = run_tool("cluster_features_and_label", tool.main, list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -224,7 +203,8 @@ def test_cluster_assignments_become_a_disk_filelist(
     assignments = np.array([[3, 0], [1, 1], [3, 2], [0, 0], [2, 1], [1, 2]])
     _assignments(engine_out, "train", assignments, np.arange(6))
     out = tmp_path / "dataset"
-    assert to_dataset.main(["-i", str(engine_out), "-o", str(out), "--head", "1"]) == 0
+    written = assignments_to_dataset(str(engine_out), str(out), head=1)
+    assert written == [str(out / "train_images.npy"), str(out / "train_labels.npy")]
     paths = list(np.load(out / "train_images.npy"))
     expected = sorted(str(p) for p in images.rglob("*.png"))  # disk_folder's order
     assert [os.path.basename(p) for p in paths] == [os.path.basename(p) for p in expected]
@@ -244,16 +224,18 @@ def test_cluster_assignments_become_a_disk_filelist(
     ds = build_dataset(cfg2, "TRAIN")
     assert len(ds) == 6 and int(ds[4]["label"][0]) == assignments[4, 1]
 
-    # user errors: one line, exit 2
+    # user errors
     for args, message in (
-        (["-i", str(tmp_path / "nope"), "-o", str(out)], "no such folder"),
-        (["-i", str(engine_out), "-o", str(out), "--head", "2"], "2 set(s) of prototypes"),
-        (["-i", str(images), "-o", str(out)], "no {train,test}_cluster_assignments.npy"),
+        ((str(tmp_path / "nope"), str(out)), "no such folder"),
+        ((str(engine_out), str(out), 2), "2 set(s) of prototypes"),
+        ((str(images), str(out)), "no {train,test}_cluster_assignments.npy"),
     ):
-        capsys.readouterr()
-        assert to_dataset.run_script(to_dataset.main, args) == 2
-        err = capsys.readouterr().err
-        assert message in err and err.count("\n") == 1, err
+        with pytest.raises(VisslError, match=re.escape(message)):
+            assignments_to_dataset(*args)  # type: ignore[arg-type]
+    # on the command line: one line, exit 2
+    proc = run_script(TO_DATASET, "-i", str(engine_out), "-o", str(out), "--head", "2")
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith("error: --head 2: ") and proc.stderr.count("\n") == 1
 
 
 def test_in_memory_sources_get_labels_only_and_a_subset_is_refused(
@@ -267,14 +249,13 @@ def test_in_memory_sources_get_labels_only_and_a_subset_is_refused(
     labels = np.arange(1438) % 7
     _assignments(engine_out, "train", labels[:, None], np.arange(1438))
     out = tmp_path / "dataset"
-    assert to_dataset.main(["-i", str(engine_out), "-o", str(out)]) == 0
+    assert assignments_to_dataset(str(engine_out), str(out)) == [str(out / "train_labels.npy")]
     assert sorted(os.listdir(out)) == ["train_labels.npy"]
     np.testing.assert_array_equal(np.load(out / "train_labels.npy"), labels)
     _assignments(engine_out, "train", labels[:10, None], np.arange(10))
-    capsys.readouterr()
-    assert to_dataset.run_script(to_dataset.main, ["-i", str(engine_out), "-o", str(out)]) == 2
-    assert "cover 10 of its 1438 samples" in capsys.readouterr().err
+    with pytest.raises(VisslError, match="cover 10 of its 1438 samples"):
+        assignments_to_dataset(str(engine_out), str(out))
     # a config file that is not a vissl config
     (engine_out / "cluster_config.yaml").write_text(yaml.safe_dump({"a": 1}))
-    assert to_dataset.run_script(to_dataset.main, ["-i", str(engine_out), "-o", str(out)]) == 2
-    assert "not a vissl config" in capsys.readouterr().err
+    with pytest.raises(VisslError, match="not a vissl config"):
+        assignments_to_dataset(str(engine_out), str(out))

@@ -3,14 +3,9 @@ against a brute-force search written here."""
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import pickle
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -18,36 +13,10 @@ from PIL import Image
 
 from tests.integration._runs import REPO
 from vissl.errors import ConfigError
+from vissl.evaluation.benchmarks import ranking as tool
+from vissl.evaluation.cli import run_tool
 
 TOOL = os.path.join(REPO, "tools", "extract_feature_and_rank.py")
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("extract_feature_and_rank", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["extract_feature_and_rank"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
-
-
-def test_nearest_neighbour_distances_by_hand() -> None:
-    # points 0, 1, 3, 7 on a line: squared distances to the nearest other point 1, 1, 4, 16
-    x = np.array([[0.0], [1.0], [3.0], [7.0]])
-    assert tool.nearest_neighbour_distances(x, use_faiss=False, chunk=3).tolist() == [1, 1, 4, 16]
 
 
 @pytest.mark.integration
@@ -71,7 +40,7 @@ def test_extract_and_rank_images(tmp_path: Path, capsys) -> None:
         "config.RANKING.FEATURES.DATASET_NAME=tiny",
     ]
     capsys.readouterr()
-    assert tool.ft.run_tool("extract_feature_and_rank", tool.main, args) == 0
+    assert run_tool("extract_feature_and_rank", tool.main, args) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("extract_feature_and_rank: 12 train samples ranked (layer trunk")
     with open(out / "ranking_tiny_train_faiss.pkl", "rb") as f:

@@ -5,16 +5,10 @@ whitening); the protocol, R-MAC regions and GeM against hand-worked numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
 import os
 import pickle
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,11 +19,10 @@ from torchvision.transforms.functional import normalize, to_tensor
 
 from tests.integration._runs import REPO
 from vissl.errors import ConfigError
+from vissl.evaluation.benchmarks import retrieval as tool
+from vissl.evaluation.cli import run_tool
 from vissl.models import build_model
 from vissl.utils.hydra_config import hydra_compose_and_validate
-from vissl.utils.instance_retrieval_utils.data_util import gem, load_ground_truth
-from vissl.utils.instance_retrieval_utils.evaluate import compute_map
-from vissl.utils.instance_retrieval_utils.rmac import get_rmac_region_coordinates
 
 TOOL = os.path.join(REPO, "tools", "instance_retrieval_test.py")
 CONFIG = "config=benchmark/instance_retrieval/eval_resnet_1gpu_roxford"
@@ -41,28 +34,6 @@ GND = [
     {"easy": [4], "hard": [5, 6], "junk": [], "bbx": [0.0, 0.0, 30.0, 20.0]},
     {"easy": [], "hard": [7], "junk": [8, 9], "bbx": [5.0, 5.0, 25.0, 25.0]},
 ]
-
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("instance_retrieval_test", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["instance_retrieval_test"] = module  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
 
 
 def _write_set(root: Path, name: str, n_db: int, queries: int, gnd: list[dict], seed: int) -> None:
@@ -181,9 +152,7 @@ def test_fake_roxford_mean_ap_equals_hand_computation(tmp_path: Path, tree: Path
     model = _weights(weights, _overrides(tree, tmp_path, weights, *extra))
     out = tmp_path / "run"
     capsys.readouterr()
-    rc = tool.ft.run_tool(
-        "instance_retrieval_test", tool.main, _overrides(tree, out, weights, *extra)
-    )
+    rc = run_tool("instance_retrieval_test", tool.main, _overrides(tree, out, weights, *extra))
     printed = capsys.readouterr().out.strip().splitlines()
     assert rc == 0
     assert printed[-1].startswith("instance_retrieval: roxford5k mAP E ")
@@ -217,54 +186,6 @@ def test_fake_roxford_mean_ap_equals_hand_computation(tmp_path: Path, tree: Path
     assert 0 < hand["m"] < 1  # neither perfect nor empty: the check can fail
 
 
-def test_compute_map_against_worked_example() -> None:
-    """Ranking [p, junk, n, p, n] with 2 positives: the junk is removed, positives at 0 and
-    2: AP = ((1 + 1/1)/2 + (1/2 + 2/3)/2) / 2 = 19/24; precision@1 = 1, @5 = 2/3
-    (k capped at the last positive's rank 3)."""
-    ranks = np.array([[4, 2, 0, 3, 1]]).T
-    gnd = [{"ok": [4, 3], "junk": [2]}]
-    mean_ap, aps, pr, _ = compute_map(ranks, gnd, [1, 5])
-    assert mean_ap == pytest.approx(19 / 24) and aps[0] == pytest.approx(19 / 24)
-    assert pr.tolist() == pytest.approx([1.0, 2 / 3])
-    # a query without positives is left out of the mean
-    mean_ap, aps, _, _ = compute_map(np.array([[0, 1], [1, 0]]), [{"ok": [0]}, {"ok": []}], [1])
-    assert mean_ap == 1.0 and np.isnan(aps[1])
-
-
-def test_rmac_regions_and_gem_by_hand() -> None:
-    # 7 x 7, L = 2: the whole map, then 4 regions of side floor(14 / 3) = 4 at 0 and 3
-    assert get_rmac_region_coordinates(7, 7, 2).tolist() == [
-        [0, 0, 7, 7],
-        [0, 0, 4, 4],
-        [3, 0, 4, 4],
-        [0, 3, 4, 4],
-        [3, 3, 4, 4],
-    ]
-    # 5 x 10, L = 1: side 5; k extra positions along the width overlap by
-    # 1 - (10 - 5) / k / 5: 0 for k = 1, 0.5 for k = 2 (closest to 40%), ... so 3 regions,
-    # at x = floor(1 + 2.5 j) - 1 for j = 0, 1, 2
-    assert get_rmac_region_coordinates(5, 10, 1).tolist() == [
-        [0, 0, 5, 5],
-        [2, 0, 5, 5],
-        [5, 0, 5, 5],
-    ]
-    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
-    assert gem(x, p=2).item() == pytest.approx(((1 + 4 + 9 + 16) / 4) ** 0.5)
-    assert gem(x, p=float("inf")).item() == 4.0
-    assert gem(x, p=1, add_bias=True).tolist() == [[2.5, 1.0]]
-
-
-def test_ground_truth_pickle_cannot_run_code(tmp_path: Path) -> None:
-    class Evil:
-        def __reduce__(self) -> tuple[Any, ...]:
-            return (os.system, ("echo pwned",))
-
-    path = tmp_path / "gnd_x.pkl"
-    path.write_bytes(pickle.dumps({"imlist": [], "qimlist": [], "gnd": [Evil()]}))
-    with pytest.raises(pickle.UnpicklingError, match="only lists, dicts"):
-        load_ground_truth(str(path))
-
-
 def test_user_errors(tmp_path: Path, tree: Path) -> None:
     base = _overrides(tree, tmp_path, Path(""))
 
@@ -296,9 +217,7 @@ def test_rmac_and_gem_paths(tmp_path: Path, tree: Path, capsys, kind: str) -> No
     model = _weights(weights, _overrides(tree, tmp_path, weights, *extra))
     out = tmp_path / "run"
     capsys.readouterr()
-    rc = tool.ft.run_tool(
-        "instance_retrieval_test", tool.main, _overrides(tree, out, weights, *extra)
-    )
+    rc = run_tool("instance_retrieval_test", tool.main, _overrides(tree, out, weights, *extra))
     assert rc == 0, capsys.readouterr().err
     metrics = json.loads((out / "metrics.json").read_text())
     sim = np.asarray(json.loads((out / "similarity_scores.json").read_text())).T

@@ -7,15 +7,11 @@ process.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -24,6 +20,8 @@ import pytest
 from tests._cli import run_script
 from tests.integration._runs import REPO
 from vissl.engines.extract_features import ExtractedFeaturesLoader
+from vissl.evaluation.benchmarks import low_shot as tool
+from vissl.evaluation.cli import run_tool
 
 TOOL = os.path.join(REPO, "tools", "low_shot_test.py")
 CONFIG = "config=benchmark/low_shot_transfer/digits/low_shot_digits_quick_start"
@@ -47,32 +45,10 @@ LINE = re.compile(
 pytestmark = pytest.mark.integration
 
 
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("low_shot_test", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    """The tool logs to the stdout of the moment (pytest's capture): detach it afterwards."""
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
-
-
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """Run the tool's ``main`` in this process as the command line would."""
     capsys.readouterr()
-    rc = tool.ft.run_tool("low_shot_test", tool.main, list(args))
+    rc = run_tool("low_shot_test", tool.main, list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -132,7 +108,7 @@ def test_cli_prints_the_summary_last_and_writes_the_json(one_run: dict[str, Any]
     # standardised logistic regression with C = n / LAMBDA, top-1 on TEST.
     train = ExtractedFeaturesLoader.load_features(str(folder), "trunk", "train")
     test = ExtractedFeaturesLoader.load_features(str(folder), "trunk", "test")
-    from vissl.utils.low_shot_utils import sample_low_shot_indices
+    from vissl.evaluation.low_shot import sample_low_shot_indices
 
     idx = sample_low_shot_indices(train["targets"], 5, 2)
     assert np.bincount(train["targets"][idx]).tolist() == [5] * 10

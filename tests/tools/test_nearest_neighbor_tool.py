@@ -6,22 +6,20 @@ process (2 processes: forked gloo workers on the CPU).
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tests._cli import run_script
+from tests.evaluation.test_knn import reference_knn
 from tests.integration._runs import REPO
-from tests.utils.test_knn import reference_knn
 from vissl.engines.extract_features import ExtractedFeaturesLoader
+from vissl.evaluation.benchmarks import nearest_neighbor as tool
+from vissl.evaluation.cli import run_tool
 
 TOOL = os.path.join(REPO, "tools", "nearest_neighbor_test.py")
 CONFIG = "config=benchmark/nearest_neighbor/digits/nn_digits_quick_start"
@@ -43,32 +41,10 @@ OUTPUTS = ("predictions", "targets", "image_indices")
 pytestmark = pytest.mark.integration
 
 
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("nearest_neighbor_test", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    """The tool logs to the stdout of the moment (pytest's capture): detach it afterwards."""
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
-
-
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """Run the tool's ``main`` in this process as the command line would."""
     capsys.readouterr()
-    rc = tool.run_tool("nearest_neighbor_test", tool.main, list(args))
+    rc = run_tool("nearest_neighbor_test", tool.main, list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -197,13 +173,13 @@ def test_topk_list_as_in_vissl() -> None:
     from vissl.errors import ConfigError
 
     nn = AttrDict({"TOPK": [5, 20], "SIGMA": 0.1, "USE_CUDA": False})
-    assert tool._check_nn_settings(nn) == ([5, 20], 0.1, "cpu")
+    assert tool.check_nn_settings(nn) == ([5, 20], 0.1, "cpu")
     nn.TOPK = 7
-    assert tool._check_nn_settings(nn) == ([7], 0.1, "cpu")
+    assert tool.check_nn_settings(nn) == ([7], 0.1, "cpu")
     for bad in ([], [5, 0], 0, True, "20"):
         nn.TOPK = bad
         with pytest.raises(ConfigError, match=r"config\.NEAREST_NEIGHBOR\.TOPK"):
-            tool._check_nn_settings(nn)
+            tool.check_nn_settings(nn)
 
 
 def test_config_mistake_is_exit_code_2_and_one_line(tmp_path: Path) -> None:

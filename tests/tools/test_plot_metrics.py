@@ -6,36 +6,23 @@ test phase, with an accuracy meter), written by vissl's own logging hooks.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from PIL import Image
 
 from tests._tiny_run import SMALL, TINY
 from tests.integration._runs import REPO, run_config
+from vissl.evaluation import plot_metrics as pm
 
 TOOL = os.path.join(REPO, "tools", "plot_metrics.py")
 MISSING = 'error: tools/plot_metrics.py needs matplotlib: pip install -e ".[plots]"'
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("plot_metrics_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-pm = _load_tool()
 
 
 @pytest.fixture(scope="module")

@@ -6,24 +6,22 @@ features (``SVM.FEATURES.PATH``) and call the tool's ``main`` in this process.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tests._cli import run_script
+from tests.evaluation.test_svm import reference_11point_ap, reference_interpolated_ap
 from tests.integration._runs import REPO
-from tests.utils.test_svm_utils import reference_11point_ap, reference_interpolated_ap
 from vissl.engines.extract_features import ExtractedFeaturesLoader
+from vissl.evaluation.benchmarks import svm as tool
+from vissl.evaluation.cli import run_tool
 
 TOOL = os.path.join(REPO, "tools", "train_svm.py")
 CONFIG = "config=benchmark/svm/digits/svm_digits_quick_start"
@@ -43,32 +41,10 @@ LINE = re.compile(
 pytestmark = pytest.mark.integration
 
 
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_svm", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    """The tool logs to the stdout of the moment (pytest's capture): detach it afterwards."""
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
-
-
 def call_tool(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """Run the tool's ``main`` in this process as the command line would."""
     capsys.readouterr()
-    rc = tool.ft.run_tool("train_svm", tool.main, list(args))
+    rc = run_tool("train_svm", tool.main, list(args))
     out, err = capsys.readouterr()
     return rc, out, err
 

@@ -3,14 +3,9 @@ the draws, the per-draw mAP (scikit-learn SVMs and AP written here) and the aggr
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -19,33 +14,13 @@ from sklearn.svm import LinearSVC
 
 from tests.integration._runs import REPO
 from vissl.errors import ConfigError
+from vissl.evaluation.benchmarks import svm_low_shot as tool
+from vissl.evaluation.cli import run_tool
 
 TOOL = os.path.join(REPO, "tools", "train_svm_low_shot.py")
 COSTS = [0.1, 1.0]
 KS = [1, 3]
 DRAWS = [1, 2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_svm_low_shot", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_svm_low_shot"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load()
-
-
-@pytest.fixture(autouse=True)
-def _drop_vissl_log_handlers() -> Iterator[None]:
-    yield
-    vissl_logger = logging.getLogger("vissl")
-    for handler in list(vissl_logger.handlers):
-        if getattr(handler, "_vissl", False):
-            vissl_logger.removeHandler(handler)
-            handler.close()
 
 
 def _write_split(folder: Path, split: str, n: int, rng: np.random.Generator) -> tuple:
@@ -80,7 +55,7 @@ def test_low_shot_svms_against_sklearn(tmp_path: Path, capsys) -> None:
         f"config.CHECKPOINT.DIR={out}",
     ]
     capsys.readouterr()
-    assert tool.ft.run_tool("train_svm_low_shot", tool.main, args) == 0
+    assert run_tool("train_svm_low_shot", tool.main, args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("svm_low_shot: k=3 mAP mean ") and lines[-1].endswith("layer=trunk")
     layer_dir = out / "svm_low_shot_trunk"

@@ -8,18 +8,16 @@ The same from a real terminal (tmux) and through the launcher: tests/integration
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests._tiny_run import TRAIN_STEPS_PER_PHASE, EventRecorder, tiny_config, train_in_process
-from tests.integration._runs import REPO
 from vissl.errors import TrainingInterrupted, TrainingPreempted
 from vissl.hooks import VisslHook
+from vissl.launch import cli
 from vissl.trainer.stopping import (
     EARLY_STOP,
     INTERRUPT,
@@ -204,18 +202,7 @@ def test_the_most_urgent_kind_wins_and_is_recorded_on_the_task() -> None:
 
 
 # ---------------------------------------------------------------------- command line
-def _cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "run_distributed_engines", os.path.join(REPO, "tools", "run_distributed_engines.py")
-    )
-    assert spec is not None and spec.loader is not None
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    return cli
-
-
 def test_resume_command_is_the_same_command_with_auto_resume_on(monkeypatch: Any) -> None:
-    cli = _cli()
     monkeypatch.setattr("sys.argv", ["tools/run_distributed_engines.py"])
     argv = ["config=quick_start", "config.CHECKPOINT.DIR=/tmp/my run"]
     command = cli.resume_command(argv, auto_resume=True)
@@ -231,7 +218,6 @@ def test_resume_command_is_the_same_command_with_auto_resume_on(monkeypatch: Any
 def test_cli_exits_130_with_the_resume_hint_or_the_abort_note(
     monkeypatch: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cli = _cli()
     monkeypatch.setattr("sys.argv", ["tools/run_distributed_engines.py", "config=quick_start"])
 
     def interrupted(overrides: list[str]) -> None:

@@ -10,7 +10,7 @@ Three hooks, each turned on in config (``HOOKS.ONLINE_KNN``, ``HOOKS.ONLINE_LINE
   of it over ``BANK_REFRESH_PHASES`` phases, and all of it after the last train phase),
   the TEST queries' features are computed and each query is classified by the weighted
   vote of its ``TOPK`` nearest bank samples, exactly as
-  :func:`vissl.utils.knn.knn_classify` (the offline ``tools/nearest_neighbor_test.py``)
+  :func:`vissl.evaluation.knn.knn_classify` (the offline ``tools/nearest_neighbor_test.py``)
   does. With several processes the bank is sharded (each rank holds the samples of its
   share of the data) and the queries are gathered: each rank scores every query against
   its shard, the per-rank top-k are gathered and merged, so every rank computes the same
@@ -60,6 +60,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vissl.errors import ConfigError
+from vissl.evaluation.knn import knn_class_scores, rank_classes
 from vissl.hooks.base import Priority, VisslHook
 from vissl.utils.distributed import (
     all_reduce_mean,
@@ -68,7 +69,6 @@ from vissl.utils.distributed import (
     get_rank,
     get_world_size,
 )
-from vissl.utils.knn import knn_class_scores, rank_classes
 
 if TYPE_CHECKING:
     from vissl.trainer.task import SelfSupervisionTask
@@ -185,7 +185,7 @@ def distributed_knn(
 
     ``queries`` (with labels and valid flags) are this rank's; they are gathered, every
     rank scores all of them against its shard, the per-rank top-k are gathered and
-    merged, and the votes are those of :func:`vissl.utils.knn.knn_class_scores`. Collective
+    merged, and the votes are those of :func:`vissl.evaluation.knn.knn_class_scores`. Collective
     (every rank calls it); the result (a device tensor) is the same on every rank.
     """
     all_q = torch.cat(_all_gather(queries))

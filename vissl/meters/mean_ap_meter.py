@@ -4,7 +4,7 @@ The meter keeps every sample's scores and targets, since AP ranks the whole set.
 are VISSL's multi-label arrays: per class ``1`` present, ``0`` absent, ``-1`` ignored (a
 "difficult" VOC object): an ignored sample is left out of that class's ranking. Each
 class's AP is the area under the interpolated precision-recall curve (VISSL's measure,
-the PASCAL VOC 2010+ one, :func:`vissl.utils.svm_utils.interpolated_ap`); the mAP is the
+the PASCAL VOC 2010+ one, :func:`vissl.evaluation.svm.interpolated_ap`); the mAP is the
 mean over the classes that have at least one positive (the others report AP ``-1``).
 
 Batches stay on the device they came from (``update`` never reads values back to the
@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from vissl.errors import ConfigError
+from vissl.evaluation.svm import interpolated_ap
 from vissl.meters import register_meter
 from vissl.utils.distributed import get_world_size, is_distributed
-from vissl.utils.svm_utils import interpolated_ap
 
 logger = logging.getLogger(__name__)
 

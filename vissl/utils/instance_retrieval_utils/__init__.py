@@ -1,3 +1,2 @@
-"""Instance retrieval (VISSL's ``IMG_RETRIEVAL`` benchmark): the Revisited Oxford / Paris
-protocol (:mod:`.evaluate`), R-MAC and GeM descriptors (:mod:`.rmac`, :mod:`.data_util`),
-and the data sets and image loading of ``tools/instance_retrieval_test.py``."""
+"""Moved to :mod:`vissl.evaluation.retrieval`; the submodules ``data_util``, ``evaluate`` and
+``rmac`` here re-export ``vissl.evaluation.retrieval.{data,evaluate,rmac}``."""

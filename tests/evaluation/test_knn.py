@@ -1,4 +1,4 @@
-"""vissl.utils.knn: the weighted kNN equals an independent computation and does not depend
+"""vissl.evaluation.knn: the weighted kNN equals an independent computation and does not depend
 on chunking, memory streaming or the device."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from sklearn.neighbors import NearestNeighbors
 
-from vissl.utils import knn
-from vissl.utils.knn import auto_chunk_sizes, knn_classify, knn_neighbors
+from vissl.evaluation import knn
+from vissl.evaluation.knn import auto_chunk_sizes, knn_classify, knn_neighbors
 
 NUM_CLASSES = 10
 

@@ -11,8 +11,8 @@ import pytest
 
 from vissl.config.attr_dict import AttrDict
 from vissl.errors import ConfigError
-from vissl.utils import cluster_utils
-from vissl.utils.cluster_utils import (
+from vissl.evaluation import clustering as cluster_utils
+from vissl.evaluation.clustering import (
     ClusterFitSettings,
     assign_to_centroids,
     cluster_size_summary,
@@ -22,7 +22,7 @@ from vissl.utils.cluster_utils import (
     sample_rows,
     save_cluster_labels,
 )
-from vissl.utils.pca import PCA
+from vissl.evaluation.pca import PCA
 
 
 def blobs(n_per: int = 40, k: int = 4, d: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

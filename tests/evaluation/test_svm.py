@@ -1,4 +1,4 @@
-"""vissl.utils.svm_utils: average precision, VISSL's LinearSVC set-up, the cost sweep.
+"""vissl.evaluation.svm: average precision, VISSL's LinearSVC set-up, the cost sweep.
 
 The APs are checked against formulas written here from their definitions (exact integer
 arithmetic for the recall thresholds) and against scikit-learn.
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from vissl.errors import ConfigError
-from vissl.utils import svm_utils
-from vissl.utils.svm_utils import (
+from vissl.evaluation import svm as svm_utils
+from vissl.evaluation.svm import (
     SvmSettings,
     binary_targets,
     cross_validated_ap,

@@ -1,4 +1,4 @@
-"""vissl.utils.low_shot_utils: drawing k samples per class, the low-shot classifiers."""
+"""vissl.evaluation.low_shot: drawing k samples per class, the low-shot classifiers."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vissl.utils import low_shot_utils
-from vissl.utils.low_shot_utils import (
+from vissl.evaluation import low_shot as low_shot_utils
+from vissl.evaluation.low_shot import (
     LowShotResult,
     choose_lambda,
     max_samples_per_class,
     run_low_shot,
     sample_low_shot_indices,
 )
-from vissl.utils.svm_utils import SvmSettings
+from vissl.evaluation.svm import SvmSettings
 
 LABELS = np.array([3] * 7 + [0] * 5 + [1] * 9 + [3] * 2 + [2] * 6)  # 9 of class 3
 
