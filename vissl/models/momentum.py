@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,7 +207,7 @@ class _Pairing:
 _PAIRS: weakref.WeakKeyDictionary[nn.Module, _Pairing] = weakref.WeakKeyDictionary()
 
 
-def _same_kind(dst: list[torch.Tensor], src: list[torch.Tensor]) -> bool:
+def _same_kind(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> bool:
     return all(d.dtype == s.dtype and d.device == s.device for d, s in zip(dst, src, strict=True))
 
 
@@ -223,8 +224,8 @@ def _pairing(target: nn.Module, source: nn.Module) -> _Pairing:
             "the copy must be made from the model it follows."
         )
     names = list(source_params)
-    dst = [target_params[n] for n in names]
-    src = [source_params[n] for n in names]
+    dst: list[torch.Tensor] = [target_params[n] for n in names]
+    src: list[torch.Tensor] = [source_params[n] for n in names]
     pairing = _Pairing(weakref.ref(source), dst, src, _same_kind(dst, src))
     _PAIRS[target] = pairing
     return pairing
