@@ -82,9 +82,10 @@ class _Instruments:
         self._vissl = 0
 
     def start(self) -> None:
-        if self.kind == "aten":
+        if "aten" in self.kind:
             self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             self._prof.__enter__()
+        if "host" not in self.kind:
             return
         for name in WALKS:
             self._patch(nn.Module, name, self._walk_wrapper)
@@ -93,16 +94,16 @@ class _Instruments:
         sys.setprofile(self._profile)
 
     def stop(self) -> None:
-        if self.kind == "aten":
+        if "host" in self.kind:
+            sys.setprofile(None)
+            self._stack.close()
+            self.work.python = self._calls / self.work.steps
+            self.work.python_vissl = self._vissl / self.work.steps
+        if "aten" in self.kind:
             self._prof.__exit__(None, None, None)
             events = self._prof.events()
             n = sum(1 for e in events if e.name.startswith("aten::"))
             self.work.aten = n / self.work.steps
-            return
-        sys.setprofile(None)
-        self._stack.close()
-        self.work.python = self._calls / self.work.steps
-        self.work.python_vissl = self._vissl / self.work.steps
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event != "call":
@@ -111,9 +112,7 @@ class _Instruments:
         filename = frame.f_code.co_filename
         if filename.startswith(VISSL_DIR):
             self._vissl += 1
-            self.work.vissl_calls[
-                f"{os.path.relpath(filename, REPO)}:{frame.f_code.co_name}"
-            ] += 1
+            self.work.vissl_calls[f"{os.path.relpath(filename, REPO)}:{frame.f_code.co_name}"] += 1
 
     def _patch(self, owner: type, name: str, make: Any) -> None:
         own = name in owner.__dict__
@@ -176,8 +175,9 @@ def measure(
     cfg: Any,
     batch: Any,
 ) -> HostWork:
-    """One run of ``variant`` (``vissl`` or ``hand``) with ``kind`` instruments (``aten``
-    or ``host``: Python calls, module walks and host reads) over its window."""
+    """One run of ``variant`` (``vissl`` or ``hand``) with ``kind`` instruments over its
+    window: ``aten`` (op counts), ``host`` (Python calls, module walks, host reads), or
+    both (``aten+host``; the profiler calls no Python code per op)."""
     b = bench()
     work = HostWork(args.steps)
     base = b.Window
