@@ -96,15 +96,24 @@ def _sibling(filename: str) -> ModuleType:
 #: the trainer plumbing shared with ``train_step_overhead.py`` (in-memory batches, quiet runs)
 tso = _sibling("train_step_overhead.py")
 
-WORKLOADS = ("simclr", "dino", "barlow")
-VARIANTS = ("vissl", "hand")
-VARIANT_LABELS = {"vissl": "vissl", "hand": "hand loop"}
+WORKLOADS = ("simclr", "dino", "barlow", "mae", "ibot")
+#: ``hand_aa``: the hand loop again, the A/A control whose spread is the noise floor
+VARIANTS = ("vissl", "hand", "hand_aa")
+VARIANT_LABELS = {"vissl": "vissl", "hand": "hand loop", "hand_aa": "hand loop (A/A)"}
 CONFIGS = {
     "simclr": "pretrain/simclr/simclr_8gpu_resnet",
     "dino": "pretrain/dino/dino_8gpu_vits16",
     "barlow": "pretrain/barlow_twins/barlow_twins_8gpu_resnet",
+    "mae": "pretrain/mae/mae_8gpu_vitb16",
+    "ibot": "pretrain/ibot/ibot_8gpu_vits16",
 }
-DEFAULT_BATCH = {"simclr": 128, "dino": 64, "barlow": 256}
+DEFAULT_BATCH = {"simclr": 128, "dino": 64, "barlow": 256, "mae": 256, "ibot": 64}
+#: the workloads whose batches come from the real loader at every step (the others use
+#: one batch made ahead and kept on the device)
+LOADER_WORKLOADS = ("barlow",)
+#: the workloads whose in-memory batch is one batch of the real loader (their collators
+#: make masks), moved to the device once
+COLLATED_WORKLOADS = ("mae", "ibot")
 TINY_BATCH = 4
 #: barlow: the synthetic images' side (RandomResizedCrop makes 224 px views of them)
 BARLOW_IMAGE_SIZE = 256
@@ -125,6 +134,14 @@ TINY_VIT = {
     "MLP_DIM": 64,
 }
 TINY_SIZES = {"global": 32, "local": 16, "image": 40}
+#: the synthetic images' side for the in-memory MAE and iBOT batches (full size)
+COLLATED_IMAGE_SIZE = 256
+#: the stable-pretraining convention (its ``benchmark_gpu_vs_cpu.py`` ``_StepTimer``)
+SPT_CONVENTION = (
+    "stable-pretraining's convention: the device synchronized at the end of every step, "
+    "samples/s = batch / mean step time (end of one step to the end of the next, after "
+    "warm-up), a sample = one source image with both its views"
+)
 
 
 # ---------------------------------------------------------------------- flags
@@ -139,9 +156,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "memory and host syncs per step on SimCLR, DINO and Barlow Twins."
     )
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    p.add_argument("--steps", type=int, default=20, help="timed steps per run (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps per run (default 50)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="interleaved rounds, the order of the variants rotating (default 5)",
+    )
     p.add_argument(
         "--batch-size",
         nargs="+",
@@ -181,6 +203,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "batch 4",
     )
     p.add_argument("--no-count", action="store_true", help="skip the host-sync counting pass")
+    p.add_argument(
+        "--no-spt",
+        action="store_true",
+        help="barlow: skip the pass counted as stable-pretraining counts samples/s",
+    )
     p.add_argument(
         "--override",
         action="append",
@@ -246,8 +273,10 @@ def _set(key: str, value: Any) -> str:
     return f"config.{key}={hydra_value(value)}"
 
 
-def _resized_transforms(transforms: Sequence[Any], global_size: int, local_size: int) -> list[Any]:
-    """The chain with its crop sizes replaced (``--tiny``)."""
+def _resized_transforms(
+    transforms: Sequence[Any], global_size: int, local_size: int, patch_size: int
+) -> list[Any]:
+    """The chain with its crop sizes and mask patch sizes replaced (``--tiny``)."""
     out = []
     for t in transforms:
         t = dict(t.to_dict() if hasattr(t, "to_dict") else t)
@@ -255,6 +284,8 @@ def _resized_transforms(transforms: Sequence[Any], global_size: int, local_size:
             t["size"] = global_size
         if t.get("name") == "ImgPilToMultiCrop":
             t["size_crops"] = [global_size, local_size][: len(t["size_crops"])]
+        if t.get("name") in ("RandomPatchMasking", "MaskedImageModeling"):
+            t["patch_size"] = patch_size
         out.append(t)
     return out
 
@@ -271,7 +302,7 @@ def workload_overrides(args: argparse.Namespace, name: str, folder: str) -> list
     batch = args.batch[name]
     total = args.warmup + args.steps
     cuda = args.device == "cuda"
-    in_memory = name != "barlow"
+    in_memory = name not in LOADER_WORKLOADS
     overrides = [
         f"config={CONFIGS[name]}",
         "config.SEED_VALUE=0",
@@ -352,6 +383,57 @@ def workload_overrides(args: argparse.Namespace, name: str, folder: str) -> list
                 ),
                 "config.LOSS.dino_loss.output_dim=64",
             ]
+    elif name == "mae":
+        overrides += [
+            # one optimizer step per batch (the recipe accumulates 2 batches per step)
+            "config.OPTIMIZER.GRAD_ACCUMULATION_STEPS=1",
+            f"config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE="
+            f"{TINY_SIZES['image'] if args.tiny else COLLATED_IMAGE_SIZE}",
+        ]
+        if args.tiny:
+            overrides += [
+                *(_set(f"MODEL.TRUNK.VISION_TRANSFORMERS.{k}", v) for k, v in TINY_VIT.items()),
+                _set(
+                    "MODEL.HEAD.PARAMS",
+                    [
+                        [
+                            "mae_decoder",
+                            {
+                                "in_dim": 32,
+                                "decoder_dim": 32,
+                                "decoder_depth": 2,
+                                "decoder_num_heads": 2,
+                            },
+                        ]
+                    ],
+                ),
+            ]
+    elif name == "ibot":
+        overrides.append(
+            f"config.DATA.TRAIN.DEFAULT_GRAY_IMG_SIZE="
+            f"{TINY_SIZES['image'] if args.tiny else COLLATED_IMAGE_SIZE}"
+        )
+        if args.tiny:
+            overrides += [
+                *(_set(f"MODEL.TRUNK.VISION_TRANSFORMERS.{k}", v) for k, v in TINY_VIT.items()),
+                _set(
+                    "MODEL.HEAD.PARAMS",
+                    [
+                        [
+                            "ibot_head",
+                            {
+                                "in_dim": 32,
+                                "out_dim": 64,
+                                "hidden_dim": 64,
+                                "bottleneck_dim": 16,
+                                "num_layers": 3,
+                                "shared_head": True,
+                                "normalize_last_layer": False,
+                            },
+                        ]
+                    ],
+                ),
+            ]
     else:
         width = args.barlow_projector_dim
         trunk_dim = TINY_VIT["HIDDEN_DIM"] if args.tiny else 384
@@ -391,7 +473,10 @@ def compose(args: argparse.Namespace, name: str, folder: str) -> Any:
         # the recipe's own chain, with tiny crops
         _, base = hydra_compose_and_validate(overrides)
         chain = _resized_transforms(
-            base.DATA.TRAIN.TRANSFORMS, TINY_SIZES["global"], TINY_SIZES["local"]
+            base.DATA.TRAIN.TRANSFORMS,
+            TINY_SIZES["global"],
+            TINY_SIZES["local"],
+            int(TINY_VIT["PATCH_SIZE"]),
         )
         overrides.append(_set("DATA.TRAIN.TRANSFORMS", chain))
     _, cfg = hydra_compose_and_validate(overrides)
@@ -436,13 +521,26 @@ def make_batch(cfg: Any, device: torch.device) -> dict[str, Any]:
     }
 
 
+def make_collated_batch(cfg: Any, device: torch.device) -> dict[str, Any]:
+    """The first batch of the config's own loader (its transforms, masks and collator:
+    MAE's patch masks, iBOT's block masks), moved to ``device`` once."""
+    from vissl.data.batch import move_to_device
+
+    loader, tail = _host_loader(cfg, device)
+    if tail is not None:
+        raise SystemExit("an in-memory batch cannot take TRANSFORMS_ON_DEVICE")
+    batch = next(iter(loader))
+    return move_to_device(dict(batch), device)  # type: ignore[no-any-return]
+
+
 def workload_title(args: argparse.Namespace, name: str, cfg: Any) -> str:
     sizes = Counter(view_sizes(cfg))
     views = " + ".join(f"{n}x{s}" for s, n in sizes.items())
     vit = cfg.MODEL.TRUNK.VISION_TRANSFORMERS
+    named = {"small": "ViT-S", "base": "ViT-B", "large": "ViT-L"}
     vit_name = (
-        "ViT-S/16"
-        if vit.name == "small"
+        f"{named[vit.name]}/{vit.PATCH_SIZE}"
+        if vit.name in named
         else f"ViT of {vit.NUM_LAYERS} blocks x{vit.HIDDEN_DIM}/{vit.PATCH_SIZE}"
     )
     if name == "simclr":
@@ -451,6 +549,13 @@ def workload_title(args: argparse.Namespace, name: str, cfg: Any) -> str:
         return f"SimCLR ResNet-{r.DEPTH}{width}, {views}, channels_last"
     if name == "dino":
         return f"DINO {vit_name}, {views}"
+    if name == "mae":
+        ratio = next(
+            (t.get("mask_ratio") for t in cfg.DATA.TRAIN.TRANSFORMS if "mask_ratio" in t), None
+        )
+        return f"MAE {vit_name}, {views}, mask ratio {ratio}"
+    if name == "ibot":
+        return f"iBOT {vit_name}, {views}, block masks"
     where = "CPU" if args.cpu_augmentation else ("GPU" if args.device == "cuda" else "device")
     return f"Barlow Twins {vit_name}, {views}, {where} augmentation, {args.workers} loader workers"
 
@@ -498,6 +603,11 @@ class Measurement:
     and the host syncs of a counting pass (None in a timing pass)."""
 
     seconds: float = float("nan")
+    #: from the window's start to the return of the last step's host work (before the
+    #: closing synchronization): the host's launch time for the window
+    host_seconds: float = float("nan")
+    #: the end of each step (``per_step`` windows: the device synchronized at each)
+    step_ends: list[float] = field(default_factory=list)
     peak_gib: float = float("nan")
     syncs: int | None = None
     sites: dict[str, int] = field(default_factory=dict)
@@ -510,9 +620,14 @@ class Window:
     of the last step. Times them (device synchronized at both edges), or, with a
     :class:`SyncCounter`, counts their host syncs instead (no synchronization added)."""
 
-    def __init__(self, device: torch.device, counter: SyncCounter | None) -> None:
+    def __init__(
+        self, device: torch.device, counter: SyncCounter | None, per_step: bool = False
+    ) -> None:
         self.device = device
         self.counter = counter
+        #: synchronize and record the time at the end of every step (stable-pretraining's
+        #: way of counting samples/s; adds a host wait per step)
+        self.per_step = per_step
         self.result = Measurement()
         self._start = 0.0
 
@@ -522,6 +637,14 @@ class Window:
             return
         tso.synchronize(self.device)
         self._start = time.perf_counter()
+        if self.per_step:
+            self.result.step_ends.append(self._start)
+
+    def step_end(self) -> None:
+        """The end of a step inside the window (``per_step`` windows only)."""
+        if self.per_step and self.counter is None:
+            tso.synchronize(self.device)
+            self.result.step_ends.append(time.perf_counter())
 
     def close(self, loss: torch.Tensor | None) -> None:
         """End the window; ``loss`` (the last step's) is read after it."""
@@ -530,6 +653,7 @@ class Window:
             self.result.syncs = self.counter.count
             self.result.sites = dict(self.counter.sites)
         else:
+            self.result.host_seconds = time.perf_counter() - self._start
             tso.synchronize(self.device)
             self.result.seconds = time.perf_counter() - self._start
             if self.device.type == "cuda":
@@ -549,10 +673,13 @@ class WindowHook(VisslHook):
         self.last = warmup + steps
 
     def on_step(self, task: Any) -> None:
-        if task.iteration == self.first:
+        iteration = task.iteration
+        if iteration == self.first:
             self.window.open()
-        elif task.iteration == self.last:
-            self.window.close(task.last_batch.loss)
+        elif self.first < iteration <= self.last:
+            self.window.step_end()
+            if iteration == self.last:
+                self.window.close(task.last_batch.loss)
 
     def on_exception(self, task: Any) -> None:
         if self.window.counter is not None:
@@ -589,6 +716,7 @@ def run_vissl(
     device: torch.device,
     batch: dict[str, Any] | None,
     counter: SyncCounter | None = None,
+    per_step: bool = False,
 ) -> Measurement:
     """The train engine in this process (``launch_distributed``, one process), with the
     config's default hooks; in-memory workloads get ``batch`` at every step."""
@@ -599,7 +727,7 @@ def run_vissl(
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     total = args.warmup + args.steps
-    window = Window(device, counter)
+    window = Window(device, counter, per_step)
     extra: list[Any] = [
         SettingsCheckHook(bool(cfg.MODEL.CHANNELS_LAST), not args.fp32),
         WindowHook(window, args.warmup, args.steps),
@@ -649,22 +777,24 @@ def run_hand(
     device: torch.device,
     batch: dict[str, Any] | None,
     counter: SyncCounter | None = None,
+    per_step: bool = False,
 ) -> Measurement:
     """A plain PyTorch loop over vissl's model, loss and optimizer, built from ``cfg``.
 
     Per step: the learning rate and weight decay of each group from a table made ahead
-    (as DINO's own loop does), ``zero_grad``, forward (and the teacher's, for DINO) and
-    loss under autocast, backward, the config's frozen parameters and gradient clipping,
-    ``step``, the teacher's EMA (one foreach lerp). Barlow's batches come from the same
-    loader and device tail as the trainer's.
+    (as DINO's own loop does), ``zero_grad``, forward (and the teacher's, for DINO and
+    iBOT: the loss's ``teacher_loss_inputs``, as a plain loop calls it) and loss under
+    autocast, backward, the config's frozen parameters and gradient clipping (the
+    config's ``MODE``: one global norm, or each parameter's own norm as DINO's and iBOT's
+    ``clip_gradients``), ``step``, the teacher's EMA (one foreach lerp). Barlow's batches
+    come from the same loader and device tail as the trainer's.
     """
     from vissl.data.batch import move_to_device
     from vissl.engines.train import set_seeds
-    from vissl.hooks.dino_hooks import single_tensor, teacher_temperature
-    from vissl.hooks.state_update_hooks import parse_frozen_params_map
+    from vissl.hooks.state_update_hooks import parse_frozen_params_map, resolve_parameter_name
     from vissl.losses import build_loss
     from vissl.models import build_model
-    from vissl.models.momentum import cosine_momentum
+    from vissl.models.momentum import TeacherStep, schedule_position
     from vissl.optimizers import build_optimizer, build_param_schedulers
     from vissl.utils.env import apply_cuda_backend_settings
 
@@ -675,14 +805,16 @@ def run_hand(
     total = args.warmup + args.steps
     loader, tail = _host_loader(cfg, device) if batch is None else (None, None)
     channels_last = bool(cfg.MODEL.CHANNELS_LAST)
+    input_keys = list(cfg.DATA.TRAIN.INPUT_KEY_NAMES)
+    target_keys = list(cfg.DATA.TRAIN.TARGET_KEY_NAMES)
     model = build_model(cfg.MODEL, cfg.OPTIMIZER).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     loss_fn = build_loss(cfg.LOSS, cfg).to(device)
-    teacher = None
+    driver = None
     if callable(getattr(loss_fn, "bind_model", None)):
         loss_fn.bind_model(model)
-        teacher = loss_fn.teacher
+        driver = getattr(loss_fn, "momentum_teacher", None)
     model.train()
     loss_fn.train()
     schedulers = build_param_schedulers(
@@ -698,26 +830,35 @@ def run_hand(
         schedulers.apply(optimizer, i / total, None)
         plan.append([(g["lr"], g["weight_decay"]) for g in groups])
     named = dict(model.named_parameters())
-    frozen = [
-        (named[n], iters)
-        for n, iters in parse_frozen_params_map(
-            list(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP or [])
-        ).items()
-    ]
+    frozen = []
+    for n, iters in parse_frozen_params_map(
+        list(cfg.MODEL.TEMP_FROZEN_PARAMS_ITER_MAP or [])
+    ).items():
+        alias = resolve_parameter_name(n, model, named)
+        if alias != "":
+            frozen.append((named[alias or n], iters))
     clip = cfg.MODEL.GRAD_CLIP
     norm_type = float("inf") if str(clip.NORM_TYPE) == "inf" else float(clip.NORM_TYPE)
+    per_parameter = str(clip.get("MODE", "global")) == "per_parameter"
+    if clip.USE_GRAD_CLIP and str(clip.get("MODE", "global")) not in ("global", "per_parameter"):
+        raise SystemExit(f"the hand loop clips globally or per parameter, not {clip.MODE}")
+    max_norm = float(clip.MAX_NORM)
     params = list(model.parameters())
-    if teacher is not None:
-        ema_target = [p.data for p in teacher.parameters()]
+    if driver is not None:
+        ema_target = [p.data for p in driver.module.parameters()]
         ema_source = [p.detach() for p in model.parameters()]
     autocast: Any = (
         contextlib.nullcontext
         if args.fp32
         else lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     )
+
+    def pick(b: dict[str, Any], keys: list[str]) -> Any:
+        return b[keys[0]][0] if len(keys) == 1 else {k: b[k][0] for k in keys}
+
     # the workers start here, after the model is built, as in the trainer's phase start
     batches: Iterator[Any] = iter(loader) if loader is not None else itertools.repeat(batch, total)
-    window = Window(device, counter)
+    window = Window(device, counter, per_step)
     window.result.start_gib = start_gib
     loss = torch.zeros(())
     try:
@@ -725,7 +866,7 @@ def run_hand(
             if i == args.warmup:
                 window.open()
             b = next(batches)
-            x, target = b["data"][0], b["label"][0]
+            x, target = pick(b, input_keys), pick(b, target_keys)
             if batch is None:  # to the device as the trainer's read_sample does
                 x, target = move_to_device(x, device), move_to_device(target, device)
                 if tail is not None:
@@ -740,41 +881,61 @@ def run_hand(
                 out = model(x)
                 if isinstance(out, list | tuple) and len(out) == 1:
                     out = out[0]
-                if teacher is not None:
-                    loss_fn.teacher_temp = teacher_temperature(
-                        i,
-                        loss_fn.teacher_temp_min,
-                        loss_fn.teacher_temp_max,
-                        loss_fn.teacher_temp_warmup_iters,
-                    )
+                if driver is not None:
                     with torch.no_grad():
-                        loss_fn.teacher_output = single_tensor(
-                            teacher(loss_fn.teacher_input(x)), "the teacher"
+                        inputs = loss_fn.teacher_loss_inputs(
+                            {"input": x, "target": target}, TeacherStep(i, 0, True, channels_last)
                         )
-                loss = loss_fn(out, target)
+                    result = loss_fn(out, target, **inputs)
+                else:
+                    result = loss_fn(out, target)
+                loss = result["loss"] if isinstance(result, dict) else result
             loss.backward()
             for p, iters in frozen:
                 if i < iters:
                     p.grad = None
             if clip.USE_GRAD_CLIP:
-                torch.nn.utils.clip_grad_norm_(
-                    [p for p in params if p.grad is not None],
-                    float(clip.MAX_NORM),
-                    norm_type=norm_type,
-                )
+                grads = [p.grad for p in params if p.grad is not None]
+                if per_parameter:
+                    norms = torch.stack(torch._foreach_norm(grads, norm_type))
+                    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+                    torch._foreach_mul_(grads, list(scale.unbind()))
+                else:
+                    torch.nn.utils.clip_grad_norm_(
+                        [p for p in params if p.grad is not None], max_norm, norm_type=norm_type
+                    )
             optimizer.step()
-            if teacher is not None:
-                m = cosine_momentum(i, total, loss_fn.momentum)  # DINOHook's on_update
+            if driver is not None:
+                m = driver.momentum_at(schedule_position(i, total))
                 torch._foreach_lerp_(ema_target, ema_source, 1.0 - m)
+            if i >= args.warmup:
+                window.step_end()
     except BaseException:
         if counter is not None:
             counter.stop()
         raise
-    window.close(loss)
+    window.close(loss.detach())
     return window.result
 
 
 # ---------------------------------------------------------------------- report
+#: the order of the variants in each round: every variant in every position, each round
+#: the previous one reversed or rotated (interleaved and alternating)
+ORDERS = (
+    ("vissl", "hand", "hand_aa"),
+    ("hand_aa", "hand", "vissl"),
+    ("hand", "hand_aa", "vissl"),
+    ("vissl", "hand_aa", "hand"),
+    ("hand_aa", "vissl", "hand"),
+    ("hand", "vissl", "hand_aa"),
+)
+
+
+def round_order(r: int) -> tuple[str, ...]:
+    """The order of the variants in round ``r`` (0-based)."""
+    return ORDERS[r % len(ORDERS)]
+
+
 @dataclass
 class WorkloadResult:
     """Every run of one workload."""
@@ -784,14 +945,41 @@ class WorkloadResult:
     batch: int
     runs: dict[str, list[Measurement]]
     counts: dict[str, Measurement]
+    #: stable-pretraining's convention (barlow): one per-step synchronized run per variant
+    spt: dict[str, Measurement] = field(default_factory=dict)
 
     def images_per_s(self, variant: str, steps: int) -> list[float]:
         return [self.batch * steps / m.seconds for m in self.runs[variant]]
 
+    def ratios(self, variant: str, steps: int, against: str = "hand") -> list[float]:
+        """Per round: ``variant`` images/s over ``against``'s."""
+        pairs = zip(self.images_per_s(variant, steps), self.images_per_s(against, steps))
+        return [v / h for v, h in pairs]
+
     def ratio(self, steps: int) -> float:
         """Median over rounds of vissl/hand images/s."""
-        pairs = zip(self.images_per_s("vissl", steps), self.images_per_s("hand", steps))
-        return statistics.median(v / h for v, h in pairs)
+        return statistics.median(self.ratios("vissl", steps))
+
+    def floor(self, steps: int) -> float:
+        """The noise floor: the largest distance from 1 of the A/A ratio (the hand loop
+        against itself, hand_aa/hand) over the rounds."""
+        return max(abs(r - 1.0) for r in self.ratios("hand_aa", steps))
+
+    def verdict(self, steps: int) -> str:
+        """The gap vissl/hand against the noise floor; a verdict only outside it."""
+        gap = self.ratio(steps) - 1.0
+        floor = self.floor(steps)
+        if abs(gap) <= floor:
+            return f"within the noise floor (gap {100 * gap:+.1f}%, floor +-{100 * floor:.1f}%)"
+        side = "slower" if gap < 0 else "faster"
+        return (
+            f"vissl {side} than the hand loop by {100 * abs(gap):.1f}% (outside the "
+            f"floor of +-{100 * floor:.1f}%)"
+        )
+
+    def ms_per_step(self, variant: str, steps: int, host: bool = False) -> float:
+        values = [(m.host_seconds if host else m.seconds) for m in self.runs[variant]]
+        return 1000.0 * statistics.median(values) / steps
 
     def peak(self, variant: str) -> float:
         return max(m.peak_gib for m in self.runs[variant])
@@ -800,11 +988,24 @@ class WorkloadResult:
         m = self.counts.get(variant)
         return None if m is None or m.syncs is None else m.syncs / steps
 
+    def spt_samples_per_s(self, variant: str) -> float | None:
+        """stable-pretraining's samples/s: batch / mean step time (per-step synchronized)."""
+        m = self.spt.get(variant)
+        if m is None or len(m.step_ends) < 2:
+            return None
+        ends = m.step_ends
+        steps = [b - a for a, b in itertools.pairwise(ends)]
+        return self.batch / statistics.mean(steps)
+
 
 def _where(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def _spread(values: Sequence[float], digits: int = 1) -> str:
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
 
 
 def format_report(
@@ -813,36 +1014,47 @@ def format_report(
     """The markdown table and the lines around it, as printed."""
     precision = "fp32" if args.fp32 else "bf16 autocast"
     batches = " / ".join(f"{r.name} {r.batch}" for r in results)
+    steps = args.steps
     lines = [
         f"gpu_report: {_where(device)}, torch {torch.__version__}, {precision}, batch per GPU "
-        f"{batches}, {args.steps} timed steps after {args.warmup} warm-up, {args.rounds} "
-        f"interleaved round(s){', tiny sizes' if args.tiny else ''}",
+        f"{batches}, {steps} timed steps after {args.warmup} warm-up, {args.rounds} "
+        f"interleaved round(s) in rotating order{', tiny sizes' if args.tiny else ''}",
         "",
-        "| workload | variant | images/s per GPU | trainer/hand ratio | peak memory (GiB) | "
-        "host syncs/step |",
-        "|---|---|---:|---:|---:|---:|",
+        "| workload | variant | images/s per GPU | spread (min-max) | ratio to hand loop "
+        "[min, max] | wall ms/step | host ms/step | peak memory (GiB) | host syncs/step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        ratio = r.ratio(args.steps)
         for v in VARIANTS:
-            ips = statistics.median(r.images_per_s(v, args.steps))
+            ips = r.images_per_s(v, steps)
             peak = r.peak(v)
-            syncs = r.syncs_per_step(v, args.steps)
+            syncs = r.syncs_per_step(v, steps)
+            if v == "hand":
+                ratio = "1.000"
+            else:
+                rs = r.ratios(v, steps)
+                ratio = f"{statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]"
             cells = [
                 r.title,
                 VARIANT_LABELS[v],
-                f"{ips:.1f}",
-                f"{ratio:.3f}" if v == "vissl" else "1.000",
+                f"{statistics.median(ips):.1f}",
+                _spread(ips),
+                ratio,
+                f"{r.ms_per_step(v, steps):.2f}",
+                f"{r.ms_per_step(v, steps, host=True):.2f}",
                 "n/a" if math.isnan(peak) else f"{peak:.2f}",
                 "n/a" if syncs is None else f"{syncs:.2f}",
             ]
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "images/s: samples per second (a sample is all its views or crops), median over "
-        "rounds; ratio: median over rounds of vissl/hand loop images/s; peak memory: "
-        "torch.cuda.max_memory_allocated over a run; host syncs: per timed step, counted in a "
-        "separate pass with torch.cuda.set_sync_debug_mode('warn') (no log step in the window)",
+        "images/s: samples per second over the window (a sample is all its views or crops), "
+        "median over rounds; ratio: per round, images/s over the hand loop's of the same "
+        "round, median [min, max]; the hand loop (A/A) is the hand loop run again, its "
+        "ratio's largest distance from 1 is the noise floor; host ms/step: from the window's "
+        "start to the end of the last step's host work, before the closing synchronization; "
+        "host syncs: per timed step, counted in a separate pass with "
+        "torch.cuda.set_sync_debug_mode('warn') (no log step in the window)",
     ]
     for r in results:
         for v in VARIANTS:
@@ -852,16 +1064,30 @@ def format_report(
                 lines.append(f"host syncs of {r.name} {VARIANT_LABELS[v]}: {top}")
     for r in results:
         last = {v: r.runs[v][-1].final_loss for v in VARIANTS}
-        same = "identical" if last["vissl"] == last["hand"] else "different"
+        same = "identical" if len(set(last.values())) == 1 else "different"
         lines.append(
             f"final loss of the last round, {r.name}: vissl {last['vissl']:.6f}, hand loop "
-            f"{last['hand']:.6f} ({same})"
+            f"{last['hand']:.6f}, A/A {last['hand_aa']:.6f} ({same})"
         )
+    for r in results:
+        lines.append(f"verdict, {r.name}: {r.verdict(steps)}")
+    for r in results:
+        if r.spt:
+            figures = ", ".join(
+                f"{VARIANT_LABELS[v]} {x:.1f}"
+                for v in ("vissl", "hand")
+                if (x := r.spt_samples_per_s(v)) is not None
+            )
+            lines.append(f"samples/s of {r.name} as stable-pretraining counts them: {figures}")
+            lines.append(f"  ({SPT_CONVENTION}; one run per variant)")
     if any(r.name == "barlow" for r in results):
         lines.append(f"anchor: {ANCHOR}")
     lines.append(
         "gpu_report: "
-        + ", ".join(f"{r.name} vissl/hand {r.ratio(args.steps):.3f}" for r in results)
+        + ", ".join(
+            f"{r.name} vissl/hand {r.ratio(steps):.3f} (floor {r.floor(steps):.3f})"
+            for r in results
+        )
     )
     return "\n".join(lines)
 
@@ -872,27 +1098,40 @@ def to_json(
     def nan_to_none(x: float) -> float | None:
         return None if math.isnan(x) else x
 
+    steps = args.steps
     return {
         "device": _where(device),
         "torch": torch.__version__,
         "precision": "fp32" if args.fp32 else "bf16",
-        "steps": args.steps,
+        "steps": steps,
         "warmup": args.warmup,
         "rounds": args.rounds,
+        "orders": [list(round_order(r)) for r in range(args.rounds)],
         "tiny": args.tiny,
         "anchor": ANCHOR,
+        "spt_convention": SPT_CONVENTION,
         "workloads": {
             r.name: {
                 "title": r.title,
                 "batch": r.batch,
-                "ratio": r.ratio(args.steps),
+                "ratio": r.ratio(steps),
+                "ratios": r.ratios("vissl", steps),
+                "aa_ratios": r.ratios("hand_aa", steps),
+                "noise_floor": r.floor(steps),
+                "verdict": r.verdict(steps),
+                "spt_samples_per_s": {
+                    v: r.spt_samples_per_s(v) for v in ("vissl", "hand") if v in r.spt
+                },
                 **{
                     v: {
-                        "images_per_s": r.images_per_s(v, args.steps),
-                        "median_images_per_s": statistics.median(r.images_per_s(v, args.steps)),
+                        "images_per_s": r.images_per_s(v, steps),
+                        "median_images_per_s": statistics.median(r.images_per_s(v, steps)),
+                        "wall_ms_per_step": r.ms_per_step(v, steps),
+                        "host_ms_per_step": r.ms_per_step(v, steps, host=True),
                         "peak_gib": nan_to_none(r.peak(v)),
-                        "syncs_per_step": r.syncs_per_step(v, args.steps),
+                        "syncs_per_step": r.syncs_per_step(v, steps),
                         "sync_sites": r.counts[v].sites if v in r.counts else {},
+                        "final_loss": r.runs[v][-1].final_loss,
                     }
                     for v in VARIANTS
                 },
@@ -900,6 +1139,15 @@ def to_json(
             for r in results
         },
     }
+
+
+def in_memory_batch(cfg: Any, name: str, device: torch.device) -> dict[str, Any] | None:
+    """The batch every step of an in-memory workload reads (None: the real loader)."""
+    if name in LOADER_WORKLOADS:
+        return None
+    if name in COLLATED_WORKLOADS:
+        return make_collated_batch(cfg, device)
+    return make_batch(cfg, device)
 
 
 # ---------------------------------------------------------------------- main
@@ -914,11 +1162,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     began = time.perf_counter()
     results: list[WorkloadResult] = []
     workdir = tempfile.mkdtemp(prefix="vissl_gpu_report_")
-    run = {"vissl": run_vissl, "hand": run_hand}
+    run = {"vissl": run_vissl, "hand": run_hand, "hand_aa": run_hand}
+
+    def stamp() -> str:
+        return f"[{time.perf_counter() - began:7.1f} s]"
+
     try:
         for name in args.workloads:
             cfg = compose(args, name, os.path.join(workdir, name))
-            batch = make_batch(cfg, device) if name != "barlow" else None
+            batch = in_memory_batch(cfg, name, device)
             result = WorkloadResult(
                 name,
                 workload_title(args, name, cfg),
@@ -927,7 +1179,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 {},
             )
             for r in range(args.rounds):
-                for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                for v in round_order(r):
                     m = run[v](cfg, args, device, batch)
                     result.runs[v].append(m)
                     memory = (
@@ -936,18 +1188,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         else f", peak {m.peak_gib:.2f} GiB ({m.start_gib:.2f} allocated before)"
                     )
                     print(
-                        f"[{time.perf_counter() - began:7.1f} s] {name} round {r + 1}/{args.rounds} "
+                        f"{stamp()} {name} round {r + 1}/{args.rounds} "
                         f"{VARIANT_LABELS[v]}: {result.batch * args.steps / m.seconds:.1f} "
                         f"images/s{memory}",
                         flush=True,
                     )
             if device.type == "cuda" and not args.no_count:
-                for v in VARIANTS:
+                for v in ("vissl", "hand"):
                     m = run[v](cfg, args, device, batch, SyncCounter())
                     result.counts[v] = m
                     print(
-                        f"[{time.perf_counter() - began:7.1f} s] {name} {VARIANT_LABELS[v]}: "
-                        f"{m.syncs} host syncs in {args.steps} steps",
+                        f"{stamp()} {name} {VARIANT_LABELS[v]}: {m.syncs} host syncs in "
+                        f"{args.steps} steps",
+                        flush=True,
+                    )
+            if name == "barlow" and not args.no_spt:
+                for v in ("vissl", "hand"):
+                    result.spt[v] = run[v](cfg, args, device, batch, None, True)
+                    print(
+                        f"{stamp()} {name} {VARIANT_LABELS[v]}: "
+                        f"{result.spt_samples_per_s(v):.1f} samples/s (stable-pretraining's "
+                        "convention)",
                         flush=True,
                     )
             results.append(result)

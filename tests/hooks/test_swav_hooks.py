@@ -67,3 +67,36 @@ def test_normalize_prototypes_on_start_leaves_a_resumed_runs_prototypes_bitwise(
     assert not torch.equal(renormalised, restored)  # what the old on_start did on resume
     NormalizePrototypesHook().on_start(SimpleNamespace(base_model=model, loss=None, iteration=6))
     assert torch.equal(weight, restored)
+
+
+def test_normalize_prototypes_hook_finds_the_heads_once_not_every_step(monkeypatch):
+    """The heads are found at start; each step's update walks no module tree."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from vissl.hooks.swav_hooks import NormalizePrototypesHook
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def normalize_prototypes(self) -> None:
+            self.calls += 1
+
+    head = Head()
+    task = SimpleNamespace(base_model=nn.Sequential(nn.Linear(2, 2), head), loss=nn.Identity())
+    task.iteration = 0
+    hook = NormalizePrototypesHook()
+    hook.on_start(task)
+    walks = []
+    real = nn.Module.modules
+    monkeypatch.setattr(nn.Module, "modules", lambda self: walks.append(self) or real(self))
+    for _ in range(3):
+        hook.on_update(task)
+    assert walks == [] and head.calls == 4
+    task.base_model = nn.Sequential(Head())  # a new model: found again, once
+    hook.on_update(task)
+    hook.on_update(task)
+    assert len(walks) == 2  # the model and the loss, at the first update after the change

@@ -177,3 +177,50 @@ def test_copy_without_the_predictor_pairs_the_rest() -> None:
 def test_dropping_every_head_or_a_negative_number_is_refused(drop: int) -> None:
     with pytest.raises(ValueError, match="cannot drop"):
         momentum_copy(_Chain(), drop_last_heads=drop)
+
+
+def _python_calls_in(fn, filename: str) -> int:
+    """Python calls (generator resumes included) made in ``filename`` while ``fn`` runs."""
+    import sys
+
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call" and frame.f_code.co_filename.endswith(filename):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_ema_update_makes_no_python_loop_over_the_parameters() -> None:
+    """The per-step update of 100 parameter pairs: a few Python calls, not one per pair
+    (the dtype / device check is made once per pairing)."""
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(50)))
+    target = momentum_copy(model)
+    ema_update_(target, model, 0.5)  # pairs them
+    calls = _python_calls_in(lambda: ema_update_(target, model, 0.5), "momentum.py")
+    assert calls <= 5, calls
+
+
+def test_ema_update_refuses_a_copy_cast_in_part_after_pairing() -> None:
+    """A submodule cast in place after pairing (not the first pair, not seen by the cheap
+    check) fails loudly, naming forget_pairing; after it, the update converts."""
+    from vissl.models.momentum import forget_pairing
+
+    model = _model()
+    target = momentum_copy(model)
+    ema_update_(target, model, 0.5)
+    target[2].to(torch.float64)
+    with pytest.raises(RuntimeError, match="forget_pairing"):
+        ema_update_(target, model, 0.5)
+    forget_pairing(target)
+    before = target[2].weight.detach().clone()
+    ema_update_(target, model, 0.25)
+    expected = 0.25 * before + 0.75 * model[2].weight.detach().double()
+    torch.testing.assert_close(target[2].weight, expected)

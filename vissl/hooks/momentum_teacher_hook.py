@@ -85,6 +85,13 @@ class MomentumTeacherHook(VisslHook):
             inputs = self.owner.teacher_loss_inputs(task.last_batch.sample, step)
         task.last_batch.loss_inputs.update(inputs)
 
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
+        # pair the copy with the student again at the first update of the phase (and
+        # re-check their dtypes and devices): the per-step update reuses the pairing
+        teacher = self.owner.momentum_teacher
+        if teacher is not None:
+            teacher.refresh()
+
     def on_update(self, task: SelfSupervisionTask) -> None:
         where = schedule_position(int(task.iteration), int(task.max_iteration))
         self.last_momentum = self._teacher().update(task.base_model, where)

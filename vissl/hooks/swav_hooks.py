@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from vissl.hooks.base import Priority, VisslHook
-from vissl.models.momentum import MomentumTeacher, build_momentum_schedule
+from vissl.models.momentum import MomentumTeacher, build_momentum_schedule, copy_buffers_
 from vissl.utils.distributed import is_primary
 
 if TYPE_CHECKING:
@@ -39,16 +39,23 @@ COLLAPSE_RELATIVE_TOLERANCE = 0.005
 
 def normalize_all_prototypes(*modules: nn.Module | None) -> int:
     """Normalise the prototypes of every SwAV head inside ``modules``; returns how many heads."""
-    count = 0
+    found = prototype_normalizers(*modules)
+    for normalize in found:
+        normalize()
+    return len(found)
+
+
+def prototype_normalizers(*modules: nn.Module | None) -> list[Any]:
+    """The ``normalize_prototypes`` methods of every SwAV head inside ``modules``, in order."""
+    found: list[Any] = []
     for module in modules:
         if module is None:
             continue
         for m in module.modules():
             normalize = getattr(m, "normalize_prototypes", None)
             if callable(normalize):
-                normalize()
-                count += 1
-    return count
+                found.append(normalize)
+    return found
 
 
 class NormalizePrototypesHook(VisslHook):
@@ -58,21 +65,43 @@ class NormalizePrototypesHook(VisslHook):
     start of a resumed run (optimizer steps already done) leaves the restored prototypes
     as they are: they were normalised after the last step, and normalising them again
     changes their last bits, so the run would not resume bitwise.
+
+    The heads are found once (at start and at each phase start, or when the task's model
+    or loss is replaced), not by a walk of the module tree every step.
     """
 
     priority = Priority.LOW
 
+    def __init__(self) -> None:
+        self._normalizers: list[Any] = []
+        # the (model, loss) the normalizers were found in
+        self._owners: tuple[Any, Any] | None = None
+
+    def _find(self, task: SelfSupervisionTask) -> list[Any]:
+        owners = self._owners
+        if owners is None or owners[0] is not task.base_model or owners[1] is not task.loss:
+            self._normalizers = prototype_normalizers(task.base_model, task.loss)
+            self._owners = (task.base_model, task.loss)
+        return self._normalizers
+
     def on_start(self, task: SelfSupervisionTask) -> None:
+        self._owners = None
+        found = self._find(task)
         if int(getattr(task, "iteration", 0)) > 0:
             return
-        found = normalize_all_prototypes(task.base_model, task.loss)
-        if found == 0:
+        for normalize in found:
+            normalize()
+        if not found:
             logger.warning(
                 "NormalizePrototypesHook: the model has no swav_head; nothing to normalise."
             )
 
+    def on_phase_start(self, task: SelfSupervisionTask) -> None:
+        self._owners = None
+
     def on_update(self, task: SelfSupervisionTask) -> None:
-        normalize_all_prototypes(task.base_model, task.loss)
+        for normalize in self._find(task):
+            normalize()
 
 
 class SwAVTrackingHook(VisslHook):
@@ -212,12 +241,10 @@ class SwAVMomentumHook(VisslHook):
         self._paired(task)
 
     def on_forward(self, task: SelfSupervisionTask) -> None:
-        from vissl.models.momentum import copy_tensors_
-
         loss: Any = task.loss
         encoder = self._encoder(task)
         tensors = self._paired(task)
-        copy_tensors_(tensors.target_buffers, tensors.source_buffers)
+        copy_buffers_(tensors)
         train_mode = bool(task.train) and task.iteration < int(loss.momentum_eval_mode_iter_start)
         if encoder.training != train_mode:
             encoder.train(train_mode)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +35,13 @@ __all__ = [
     "LinearMomentumScheduler",
     "MomentumTeacher",
     "build_momentum_schedule",
+    "copy_buffers_",
     "copy_tensors_",
     "cosine_momentum",
     "ema_tensors",
     "ema_update_",
     "ema_update_tensors_",
+    "forget_pairing",
     "is_momentum_copy",
     "momentum_copies",
     "momentum_copy",
@@ -186,18 +189,32 @@ def cosine_momentum(iteration: int, max_iteration: int, base: float) -> float:
     return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
 
 
-#: target -> (the source it was paired with, its parameters, the source's), so that a
-#: per-step update does no name lookups (see :func:`ema_update_`).
-_PAIRS: weakref.WeakKeyDictionary[nn.Module, tuple[Any, list[torch.Tensor], list[torch.Tensor]]]
-_PAIRS = weakref.WeakKeyDictionary()
+@dataclass
+class _Pairing:
+    """The parameters of a momentum copy paired with those of the model it follows, and
+    what the per-step update needs to know about them, worked out once per pairing."""
+
+    source: weakref.ReferenceType[nn.Module]
+    target_params: list[torch.Tensor]
+    source_params: list[torch.Tensor]
+    #: every pair shares its dtype and device: the lerp takes the source's tensors as
+    #: they are (otherwise they are converted to the target's each step)
+    same_kind: bool
 
 
-def _paired_parameters(
-    target: nn.Module, source: nn.Module
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+#: target -> its :class:`_Pairing`, so that a per-step update does no name lookups and no
+#: Python loop over the parameters (see :func:`ema_update_`).
+_PAIRS: weakref.WeakKeyDictionary[nn.Module, _Pairing] = weakref.WeakKeyDictionary()
+
+
+def _same_kind(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> bool:
+    return all(d.dtype == s.dtype and d.device == s.device for d, s in zip(dst, src, strict=True))
+
+
+def _pairing(target: nn.Module, source: nn.Module) -> _Pairing:
     cached = _PAIRS.get(target)
-    if cached is not None and cached[0]() is source:
-        return cached[1], cached[2]
+    if cached is not None and cached.source() is source:
+        return cached
     target_params = dict(target.named_parameters())
     source_params = _without_dropped(target, dict(source.named_parameters()))
     if target_params.keys() != source_params.keys():
@@ -207,12 +224,26 @@ def _paired_parameters(
             "the copy must be made from the model it follows."
         )
     names = list(source_params)
-    pair: tuple[list[torch.Tensor], list[torch.Tensor]] = (
-        [target_params[n] for n in names],
-        [source_params[n] for n in names],
-    )
-    _PAIRS[target] = (weakref.ref(source), *pair)
-    return pair
+    dst: list[torch.Tensor] = [target_params[n] for n in names]
+    src: list[torch.Tensor] = [source_params[n] for n in names]
+    pairing = _Pairing(weakref.ref(source), dst, src, _same_kind(dst, src))
+    _PAIRS[target] = pairing
+    return pairing
+
+
+def _paired_parameters(
+    target: nn.Module, source: nn.Module
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    pairing = _pairing(target, source)
+    return pairing.target_params, pairing.source_params
+
+
+def forget_pairing(target: nn.Module) -> None:
+    """Drop the cached pairing of ``target`` (the next :func:`ema_update_` pairs again and
+    re-checks dtypes and devices): call it after moving or casting part of the model or
+    of its copy in place (``.to(dtype)`` of a submodule). :class:`MomentumTeacher` calls it
+    at each phase start (:meth:`MomentumTeacher.refresh`)."""
+    _PAIRS.pop(target, None)
 
 
 @torch.no_grad()
@@ -220,9 +251,13 @@ def ema_update_(target: nn.Module, source: nn.Module, momentum: float) -> None:
     """``target.p = momentum * target.p + (1 - momentum) * source.p`` for every parameter.
 
     One foreach lerp. The parameters are paired by name at the first call and the pairs
-    kept (per target, while it follows the same source): a per-step call does no name
-    lookups. Parameters are held as objects, so moving a module (``.to``) or loading a
-    state dict keeps the pairs valid; replacing a parameter object does not.
+    kept (per target, while it follows the same source), with whether every pair shares
+    its dtype and device: a per-step call does no name lookups and no Python loop over
+    the parameters. Parameters are held as objects, so moving or casting a whole model
+    (``.to``, seen on the first pair) or loading a state dict keeps the pairs valid;
+    replacing a parameter object does not. Casting or moving only part of either model
+    in place after the first call needs :func:`forget_pairing`; an update that finds such
+    a mismatch raises instead of averaging across dtypes.
 
     Args:
         target: the momentum copy (from :func:`momentum_copy`).
@@ -232,12 +267,30 @@ def ema_update_(target: nn.Module, source: nn.Module, momentum: float) -> None:
     Raises:
         ValueError: the two models do not have the same parameters.
     """
-    dst, src = _paired_parameters(target, _plain(source))
+    pairing = _pairing(target, _plain(source))
+    dst, src = pairing.target_params, pairing.source_params
     if not dst:
         return
-    if any(d.dtype != s.dtype or d.device != s.device for d, s in zip(dst, src, strict=True)):
+    d0, s0 = dst[0], src[0]
+    if not pairing.same_kind or d0.dtype != s0.dtype or d0.device != s0.device:
+        # the pairs were unlike, or the whole of one model was moved or cast since
+        pairing.same_kind = _same_kind(dst, src)
+    if not pairing.same_kind:
         src = [s.to(device=d.device, dtype=d.dtype) for d, s in zip(dst, src, strict=True)]
-    torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
+        torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
+        return
+    try:
+        torch._foreach_lerp_(dst, src, 1.0 - float(momentum))
+    except RuntimeError:
+        if _same_kind(dst, src):
+            raise
+        _PAIRS.pop(target, None)
+        raise RuntimeError(
+            "ema_update_: a parameter of the model or of its momentum copy changed dtype or "
+            "device in place after the two were paired (the copy is now partly updated); "
+            "call vissl.models.momentum.forget_pairing(copy) after casting or moving part "
+            "of either model."
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -253,6 +306,9 @@ class EmaTensors:
     source_params: list[torch.Tensor]
     target_buffers: list[torch.Tensor]
     source_buffers: list[torch.Tensor]
+    #: every parameter pair shares its dtype and device, every buffer pair its device
+    #: (when gathered): an update from the source's own tensors makes no per-pair list
+    same_kind: bool = False
 
 
 def _matched(
@@ -288,7 +344,8 @@ def ema_tensors(target: nn.Module, source: nn.Module) -> EmaTensors:
         _without_dropped(target, dict(source.named_buffers())),
         "buffers",
     )
-    return EmaTensors(tp, sp, tb, sb)
+    same = _same_kind(tp, sp) and all(t.device == s.device for t, s in zip(tb, sb, strict=True))
+    return EmaTensors(tp, sp, tb, sb, same)
 
 
 @torch.no_grad()
@@ -312,10 +369,16 @@ def ema_update_tensors_(
         source_values: the source's parameters then buffers as taken earlier (e.g. a
             :class:`HostSnapshot`), used instead of the source's current tensors.
     """
+    dst = tensors.target_params
+    if source_values is None and tensors.same_kind:
+        if dst:
+            torch._foreach_lerp_(dst, tensors.source_params, 1.0 - float(momentum))
+        if copy_buffers and tensors.target_buffers:
+            torch._foreach_copy_(tensors.target_buffers, tensors.source_buffers)
+        return
     sources = [*tensors.source_params, *tensors.source_buffers]
     if source_values is not None:
         sources = source_values
-    dst = tensors.target_params
     src = [
         s if s.device == d.device and s.dtype == d.dtype else s.to(device=d.device, dtype=d.dtype)
         for d, s in zip(dst, sources[: len(dst)], strict=True)
@@ -378,6 +441,17 @@ class HostSnapshot:
                 views[i] = host[offset : offset + n].view_as(self.tensors[i])
                 offset += n
         return views
+
+
+@torch.no_grad()
+def copy_buffers_(tensors: EmaTensors) -> None:
+    """Copy the source's buffers into the target's (one foreach copy when they share
+    devices, worked out when the tensors were gathered)."""
+    if tensors.same_kind:
+        if tensors.target_buffers:
+            torch._foreach_copy_(tensors.target_buffers, tensors.source_buffers)
+        return
+    copy_tensors_(tensors.target_buffers, tensors.source_buffers)
 
 
 @torch.no_grad()
@@ -556,6 +630,13 @@ class MomentumTeacher(nn.Module):
             self._tensors = ema_tensors(self.module, student)
             self._paired_with = (weakref.ref(self.module), weakref.ref(student))
         return self._tensors
+
+    def refresh(self) -> None:
+        """Pair the copy with the student again at the next update (and re-check their
+        dtypes and devices): once per phase, and after either was moved or cast."""
+        forget_pairing(self.module)
+        self._tensors = None
+        self._paired_with = None
 
     @torch.no_grad()
     def update(self, student: nn.Module, where: float | None) -> float:

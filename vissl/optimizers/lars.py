@@ -118,7 +118,7 @@ class LARS(Optimizer):
                     continue
                 if grad.is_sparse:
                     raise RuntimeError("LARS does not support sparse gradients.")
-                adapt = not (exclude and is_bias_or_norm(p))
+                adapt = not (exclude and p.ndim == 1)  # is_bias_or_norm, inlined (per step)
                 d_p = grad.add(p, alpha=weight_decay) if adapt and weight_decay != 0 else grad
                 if adapt:
                     param_norm = torch.linalg.vector_norm(p)

@@ -159,12 +159,15 @@ class ManualReduction(DDPReduction):
         self._bucket_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
         self._buffers_synced = False  # this optimizer step's buffers were broadcast
         self._named: list[tuple[str, nn.Parameter]] | None = None
+        # the wrapped model's buffers (listed once, not by a module walk every step)
+        self._buffers: tuple[nn.Module, list[torch.Tensor]] | None = None
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         # DDP never reduces here (always under no_sync), so it needs no unused-parameter
         # search; the constructor still broadcasts rank 0's parameters and buffers.
         self._buffers_synced = False
         self._named = None
+        self._buffers = None
         # (DDP's buckets are never reduced here: plain gradients)
         return self._ddp(model, device, find_unused=False, gradient_as_bucket_view=False)
 
@@ -177,7 +180,10 @@ class ManualReduction(DDPReduction):
         if self.broadcast_buffers and not self._buffers_synced:
             # Under no_sync DDP stops syncing buffers before forward; do it here, once per
             # optimizer step (not at every micro-batch of an accumulated step).
-            broadcast_coalesced(list(model.module.buffers()), src=0)
+            cached = self._buffers
+            if cached is None or cached[0] is not model.module:
+                cached = self._buffers = (model.module, list(model.module.buffers()))
+            broadcast_coalesced(cached[1], src=0)
             self._buffers_synced = True
         with model.no_sync():
             yield

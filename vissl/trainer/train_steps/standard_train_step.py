@@ -326,7 +326,13 @@ class StandardTrainStep:
     def reduce_loss_for_logging(self, task: SelfSupervisionTask, local_loss: torch.Tensor) -> None:
         """Average the detached loss (and dict extras) over ranks, for logging only."""
         extras = task.last_batch.loss_extras
-        if extras:
+        if extras and task.world_size == 1:
+            # nothing to reduce: the same float32 values, without a stack and its views
+            task.last_batch.loss = local_loss.detach().float()
+            for key, v in extras.items():
+                value = torch.as_tensor(v).detach().float().to(local_loss.device)
+                task.additional_log_data[f"loss.{key}"] = value
+        elif extras:
             values = torch.stack(
                 [local_loss.detach().float()]
                 + [
