@@ -94,7 +94,7 @@ def test_the_verdict_needs_a_gap_outside_the_noise_floor():
 def test_batch_sizes_per_workload():
     bench = _load()
     args = bench.parse_args(["--device", "cpu", "--batch-size", "dino=32", "barlow=8"])
-    assert args.batch == {"simclr": 128, "dino": 32, "barlow": 8}
+    assert args.batch == {"simclr": 128, "dino": 32, "barlow": 8, "mae": 256, "ibot": 64}
     assert bench.parse_args(["--device", "cpu", "--batch-size", "16"]).batch == dict.fromkeys(
         bench.WORKLOADS, 16
     )
