@@ -141,3 +141,41 @@ def test_phase_times_are_read_from_the_1_based_log_lines_too():
     new = "phase 1/3 (train) done in 15.0s: x\nphase 2/3 (train) done in 45.0s: x\n"
     old = "phase 0 (train) done in 15.0s: x\nphase 1 (train) done in 45.0s: x\n"
     assert script.phase_seconds(new) == script.phase_seconds(old) == {0: 15.0, 1: 45.0}
+
+
+def test_a_saved_table_reads_back_and_plots_with_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--save`` writes the printed table; ``--plot PNG --tables NAME=FILE`` draws saved
+    tables without probing (any data source: the probe config names it)."""
+    run = _run_dir(tmp_path, ["model_phase0.torch", "model_phase1.torch"])
+    monkeypatch.setattr(curve, "probe", lambda *args: 12.5)
+    saved = tmp_path / "a.md"
+    assert curve.main([str(run), "--probe", "nn/mnist5k", "--save", str(saved)]) == 0
+    printed = capsys.readouterr().out
+    assert saved.read_text() == printed
+    assert curve.parse_table(printed) == [(1, 0.2, 12.5), (2, 1.0, 12.5)]  # 15 s, 60 s; one decimal
+    assert curve.parse_table(curve.table([(3, None, 1.0)])) == [(3, None, 1.0)]
+    pytest.importorskip("matplotlib")
+    drawn: list[tuple[str, list[object]]] = []
+    real_plot = curve.plot
+    monkeypatch.setattr(
+        curve, "plot", lambda curves, path: (drawn.extend(curves), real_plot(curves, path))
+    )
+    png = tmp_path / "curve.png"
+    assert curve.main(["--plot", str(png), "--tables", f"mae={saved}", f"dino={saved}"]) == 0
+    assert [label for label, _ in drawn] == ["mae", "dino"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_tables_are_one_line_errors(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.md"
+    empty.write_text("| epochs | training minutes | kNN error |\n")
+    png = str(tmp_path / "x.png")
+    for spec, message in [
+        ("noequals", "NAME=TABLE.md"),
+        (f"a={tmp_path / 'missing.md'}", "is not a file"),
+        (f"a={empty}", "no '| epochs"),
+    ]:
+        code, _, stderr = run_as_main("digits_knn_curve", "--plot", png, "--tables", spec)
+        assert_one_line_error(code, stderr, message)
