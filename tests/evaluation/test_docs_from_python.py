@@ -50,6 +50,7 @@ def test_raw_pixel_knn_prints_the_top1_of_its_comment() -> None:
     assert printed is not None and printed.group(1) == documented.group(1)
 
 
+@pytest.mark.slow  # extracts features twice (~1 min on 2 cores)
 def test_features_knn_prints_the_top1_of_the_tool(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
