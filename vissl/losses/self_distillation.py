@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from fvcore.common.param_scheduler import ParamScheduler
 from torch import nn
 
+from vissl.config.params import check_value
 from vissl.errors import ConfigError
 from vissl.losses.config_inference import find_head_params
 from vissl.losses.swav_common import distributed_sinkhorn
@@ -273,10 +274,6 @@ def teacher_global_output(teacher: nn.Module, inputs: Mapping[str, Any]) -> list
 
 
 # --------------------------------------------------------------------------- config
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def infer_masked_distillation_config(
     params: MutableMapping[str, Any], config: Mapping[str, Any], key: str
 ) -> Mapping[str, Any]:
@@ -366,30 +363,14 @@ def infer_masked_distillation_config(
             "outputs are what the loss compares).",
             "config.MODEL.HEAD.PARAMS",
         )
-    out_dim = head.get("out_dim")
-    if not _positive_int(out_dim):
-        raise ConfigError(
-            f"config.MODEL.HEAD.PARAMS: the ibot_head's out_dim must be a positive integer, got "
-            f"{out_dim!r}.",
-            "config.MODEL.HEAD.PARAMS",
-        )
+    from vissl.models.heads.ibot_head import PosInt
+
+    out_dim = check_value(
+        head.get("out_dim"), PosInt, "config.MODEL.HEAD.PARAMS[ibot_head].out_dim"
+    )
     params["out_dim"] = out_dim
     params["patch_out_dim"] = head.get("patch_out_dim") or out_dim
     return head
-
-
-def check_crops(num_global: int, num_local: int, key: str) -> None:
-    """``num_global_crops`` >= 1 (2 in the papers) and ``num_local_crops`` >= 0."""
-    if not _positive_int(num_global):
-        raise ConfigError(
-            f"{key}.num_global_crops must be a positive integer, got {num_global!r}.",
-            f"{key}.num_global_crops",
-        )
-    if isinstance(num_local, bool) or not isinstance(num_local, int) or num_local < 0:
-        raise ConfigError(
-            f"{key}.num_local_crops must be an integer >= 0, got {num_local!r}.",
-            f"{key}.num_local_crops",
-        )
 
 
 def check_batch_layout(
